@@ -1,0 +1,205 @@
+"""The invalidation bus: once a management call returns, no worker anywhere serves the old
+state, and no request pays a Redis round trip for it.
+
+Protocol (every key shares the ``{fleet}`` hash tag, so it runs on Redis Cluster too):
+
+1. A management change commits in the store and bumps the store's catalog generation G
+   in the same transaction (the store is the truth; Redis only carries it).
+2. The management call ``PUBLISH``es G on ``gw:{fleet}:invalidate`` and then waits until
+   every live worker has acknowledged a generation >= G, or until that worker's freshness
+   lease has run out, whichever is first (bounded by ``GATEWAY_SYNC_TIMEOUT_MS``).
+3. Each worker's bus thread receives G, reloads its catalog from the store, and writes
+   its ack (``HSET gw:{fleet}:acks <worker> G``).
+4. Every ``GATEWAY_BUS_PING_MS`` the thread writes its heartbeat (``alive``: Redis time +
+   lease) and sends ``PING`` on its subscription. The pong renews the worker's local
+   lease to (time the ping was sent + lease). Pub/sub delivers in order, so a pong for a
+   ping sent after a publish comes after that publish's message, which the thread applies
+   before it reads further: a renewed lease implies every earlier change was applied.
+5. The local lease ends no later than the heartbeat Redis holds (it starts before Redis
+   receives the heartbeat). A worker whose lease ran out (bus down, thread stuck) stops
+   trusting its catalog: each request checks the store's generation first (see
+   ``gateway.state``) until the bus is back. So step 2 may stop waiting for a worker whose
+   heartbeat expired: that worker is already checking the store.
+6. Every (re)connect does a full reload before the lease is renewed.
+
+Bounds: a management call waits at most ``min(sync timeout, lease + ping)`` for a silent
+worker; when Redis cannot be reached to publish, it waits out one lease so every worker
+has fallen back to checking the store before the call returns.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import time
+
+import redis
+
+log = logging.getLogger("fleet.bus")
+
+PREFIX = "gw:{fleet}:"
+CHANNEL = PREFIX + "invalidate"
+ACKS = PREFIX + "acks"
+ALIVE = PREFIX + "alive"
+GENERATION = PREFIX + "generation"
+
+# Heartbeat in Redis time, so every host compares against one clock.
+_HEARTBEAT = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+redis.call('HSET', KEYS[1], ARGV[1], now + tonumber(ARGV[2]))
+return now
+"""
+# Which live workers have not yet acknowledged generation ARGV[1]; prunes long-dead entries.
+_PENDING = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local alive = redis.call('HGETALL', KEYS[1])
+local pending, live = {}, 0
+for i = 1, #alive, 2 do
+  local worker, expiry = alive[i], tonumber(alive[i + 1])
+  if expiry > now then
+    live = live + 1
+    local ack = tonumber(redis.call('HGET', KEYS[2], worker) or '0')
+    if ack < tonumber(ARGV[1]) then pending[#pending + 1] = worker end
+  elseif expiry < now - 60000 then
+    redis.call('HDEL', KEYS[1], worker)
+    redis.call('HDEL', KEYS[2], worker)
+  end
+end
+return {live, pending}
+"""
+
+
+def worker_id() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def client(url: str, timeout_s: float = 0.5) -> redis.Redis:
+    return redis.Redis.from_url(url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s,
+                                health_check_interval=0)
+
+
+class RedisBus:
+    """Both sides of the protocol: ``start`` runs the worker's bus thread, ``announce`` is
+    what a management call does after its commit."""
+
+    def __init__(self, url: str, lease_ms: int, ping_ms: int, sync_timeout_ms: int):
+        self._url = url
+        self._lease_s = lease_ms / 1000
+        self._ping_s = ping_ms / 1000
+        self._sync_timeout_s = sync_timeout_ms / 1000
+        self._redis = client(url)
+        self._heartbeat = self._redis.register_script(_HEARTBEAT)
+        self._pending = self._redis.register_script(_PENDING)
+        self._worker = worker_id()
+        self._holder = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.connected = False
+
+    # --- worker side -------------------------------------------------------------------
+    def start(self, holder) -> None:
+        self._holder = holder
+        self._thread = threading.Thread(target=self._run, name="gateway-bus", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        backoff = 0.05
+        while not self._stop.is_set():
+            try:
+                self._serve()
+                backoff = 0.05
+            except (redis.RedisError, OSError) as exc:
+                if self.connected:
+                    log.warning("bus: lost Redis (%s); checking the store per request until it is back", exc)
+                self.connected = False
+            except Exception:  # a failed reload (store down): retry, never die
+                log.exception("bus: reload failed")
+                self.connected = False
+            if self._stop.wait(backoff):
+                return
+            backoff = min(backoff * 2, 0.5)
+
+    def _serve(self) -> None:
+        holder = self._holder
+        pubsub = client(self._url, timeout_s=max(self._ping_s * 2, 0.5)).pubsub(ignore_subscribe_messages=True)
+        try:
+            pubsub.subscribe(CHANNEL)
+            # Full reload on every (re)connect: anything published while away is covered.
+            self._acknowledge(holder.reload())
+            if not self.connected:
+                log.info("bus: connected, catalog at generation %d", holder.catalog.generation)
+            self.connected = True
+            ping_sent = last_ping = self._ping(pubsub)
+            while not self._stop.is_set():
+                message = pubsub.get_message(timeout=self._ping_s)
+                if message is not None:
+                    if message["type"] == "message":
+                        self._acknowledge(holder.reload(at_least=int(message["data"])))
+                    elif message["type"] == "pong" and ping_sent is not None:
+                        holder.renew(ping_sent + self._lease_s)
+                        ping_sent = None
+                now = time.monotonic()
+                if ping_sent is not None and now - ping_sent > self._lease_s:
+                    raise redis.ConnectionError("no pong within the lease")
+                if ping_sent is None and now - last_ping >= self._ping_s:
+                    ping_sent = last_ping = self._ping(pubsub)
+        finally:
+            if not self._stop.is_set():
+                holder.distrust()
+            pubsub.close()
+
+    def _ping(self, pubsub) -> float:
+        sent = time.monotonic()
+        self._heartbeat(keys=[ALIVE], args=[self._worker, int(self._lease_s * 1000)])
+        pubsub.ping()
+        return sent
+
+    def _acknowledge(self, generation: int) -> None:
+        self._redis.hset(ACKS, self._worker, generation)
+
+    # --- management side ---------------------------------------------------------------
+    def announce(self, generation: int) -> dict:
+        started = time.monotonic()
+        try:
+            pipe = self._redis.pipeline(transaction=False)
+            pipe.set(GENERATION, generation)
+            pipe.publish(CHANNEL, generation)
+            pipe.execute()
+        except redis.RedisError as exc:
+            # Nobody can be told: wait until every lease has run out, so every worker checks
+            # the store before serving again.
+            log.warning("bus: cannot publish generation %d (%s); waiting out the lease", generation, exc)
+            time.sleep(self._lease_s + self._ping_s)
+            return {"workers": None, "waited_ms": (time.monotonic() - started) * 1000, "degraded": True}
+        deadline = started + self._sync_timeout_s
+        delay = 0.0005
+        while True:
+            try:
+                live, pending = self._pending(keys=[ALIVE, ACKS], args=[generation])
+            except redis.RedisError:
+                time.sleep(self._lease_s + self._ping_s)
+                return {"workers": None, "waited_ms": (time.monotonic() - started) * 1000, "degraded": True}
+            if not pending or time.monotonic() >= deadline:
+                return {"workers": live, "pending": [p.decode() for p in pending],
+                        "waited_ms": (time.monotonic() - started) * 1000}
+            time.sleep(delay)
+            delay = min(delay * 2, 0.004)
+
+    def ready(self) -> bool:
+        try:
+            return bool(self._redis.ping())
+        except redis.RedisError:
+            return False
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(2)
+        try:
+            self._redis.hdel(ALIVE, self._worker)
+            self._redis.hdel(ACKS, self._worker)
+        except redis.RedisError:
+            pass

@@ -1,0 +1,260 @@
+"""``fleet``: bring the gateway up on one machine, from the same settings as everywhere.
+
+    fleet up [--instances N]   start PostgreSQL and Redis (embedded default when no URLs
+                               are set), the demo data, N gunicorn masters and, for N > 1,
+                               an nginx load balancer on GATEWAY_BIND; seed the demo and
+                               print working curl lines. Returns once all answer.
+    fleet down [--keep-services]
+    fleet status
+    fleet seed --url URL       create the demo objects through the Management API
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+from gateway.settings import Settings
+
+from . import local
+from .seed import Api, seed
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _home(settings: Settings) -> Path:
+    return Path(settings.home).resolve()
+
+
+def _host_port(bind: str) -> tuple[str, int]:
+    host, _, port = bind.rpartition(":")
+    return host or "127.0.0.1", int(port)
+
+
+def instance_binds(settings: Settings, instances: int) -> list[str]:
+    """One instance serves GATEWAY_BIND itself; more sit behind the load balancer on the
+    ports just above it."""
+    host, port = _host_port(settings.bind)
+    if instances == 1:
+        return [settings.bind]
+    return [f"{host}:{port + 1 + i}" for i in range(instances)]
+
+
+def _wait_http(url: str, timeout_s: float = 30.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(url, timeout=1) as resp:
+                if resp.status == 200:
+                    return True
+        except OSError:
+            pass
+        time.sleep(0.2)
+    return False
+
+
+def _pid_alive(pid_file: Path) -> int | None:
+    try:
+        pid = int(pid_file.read_text().strip())
+        os.kill(pid, 0)
+        return pid
+    except (OSError, ValueError):
+        return None
+
+
+def start_instance(settings: Settings, env: dict, name: str, bind: str) -> int:
+    run = _home(settings) / "run"
+    run.mkdir(parents=True, exist_ok=True)
+    pid_file = run / f"gunicorn-{name}.pid"
+    pid = _pid_alive(pid_file)
+    if pid:
+        return pid
+    log = open(_home(settings) / f"gunicorn-{name}.log", "ab")
+    cmd = [sys.executable, "-m", "gunicorn", "-c", str(ROOT / "fleet" / "gunicorn_conf.py"),
+           "--bind", bind, "--pid", str(pid_file), "gateway.app:create_app()"]
+    proc = subprocess.Popen(cmd, cwd=ROOT, env={**os.environ, **env, "GATEWAY_INSTANCE": name},
+                            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    return proc.pid
+
+
+NGINX_CONF = """\
+worker_processes 1;
+pid {home}/run/nginx.pid;
+error_log {home}/nginx-error.log warn;
+{user}
+events {{ worker_connections 4096; }}
+http {{
+    access_log off;
+    client_body_temp_path {home}/nginx/body;
+    proxy_temp_path {home}/nginx/proxy;
+    fastcgi_temp_path {home}/nginx/fastcgi;
+    uwsgi_temp_path {home}/nginx/uwsgi;
+    scgi_temp_path {home}/nginx/scgi;
+    upstream gateway {{
+{servers}
+        keepalive 64;
+    }}
+    server {{
+        listen {bind};
+        location / {{
+            proxy_pass http://gateway;
+            proxy_http_version 1.1;
+            proxy_set_header Connection "";
+            proxy_set_header X-Forwarded-For $remote_addr;
+            # A failed connect is retried on another instance; a request that reached an
+            # instance is never sent twice (non-idempotent methods are not retried).
+            proxy_next_upstream error timeout http_502 http_503;
+            proxy_connect_timeout 1s;
+            proxy_buffering off;
+        }}
+    }}
+}}
+"""
+
+
+def start_balancer(settings: Settings, binds: list[str]) -> None:
+    nginx = shutil.which("nginx") or "/usr/sbin/nginx"
+    home = _home(settings)
+    (home / "nginx").mkdir(parents=True, exist_ok=True)
+    conf = home / "nginx.conf"
+    servers = "\n".join(f"        server {b} max_fails=1 fail_timeout=2s;" for b in binds)
+    conf.write_text(NGINX_CONF.format(home=home, servers=servers, bind=settings.bind,
+                                      user="user root;" if os.geteuid() == 0 else ""))
+    pid = _pid_alive(home / "run" / "nginx.pid")
+    if pid:
+        subprocess.run([nginx, "-c", str(conf), "-p", str(home / "nginx"), "-s", "reload"], check=True)
+    else:
+        subprocess.run([nginx, "-c", str(conf), "-p", str(home / "nginx")], check=True)
+
+
+def up(settings: Settings, instances: int, seed_demo: bool = True) -> dict:
+    home = _home(settings)
+    embedded_store = not settings.database_url
+    env = local.ensure_embedded(settings)
+    os.environ.update(env)
+    settings = Settings.from_env()
+    binds = instance_binds(settings, instances)
+    for i, bind in enumerate(binds):
+        start_instance(settings, env, f"i{i}", bind)
+    for bind in binds:
+        if not _wait_http(f"http://{bind}/health", 60):
+            raise SystemExit(f"the gateway on {bind} did not come up; see {home}/gunicorn-*.log")
+    if instances > 1:
+        start_balancer(settings, binds)
+    base = f"http://{settings.bind}"
+    if not _wait_http(base + "/health", 30):
+        raise SystemExit(f"nothing answers on {base}")
+    result = {"base_url": base, "admin_key": settings.admin_key, "instances": binds}
+    # The demo lives on the embedded PostgreSQL; with your own database, seed with `fleet seed`.
+    if seed_demo and embedded_store:
+        result["demo_key"] = _seed_embedded(settings, base, home)
+    return result
+
+
+def _seed_embedded(settings: Settings, base: str, home: Path) -> str:
+    """Demo data on the embedded PostgreSQL (a `demo` database beside the store)."""
+    from .demo import create_demo_data
+
+    dsn = local.demo_database_url(settings)
+    create_demo_data(dsn)
+    pg = local.LocalPostgres(home, settings.pg_port)
+    conn = {"host": "127.0.0.1", "port": settings.pg_port, "database": "demo", "user": "postgres",
+            "password": pg.password()}
+    return seed(Api(base, settings.admin_key), conn, home / "demo_key")
+
+
+def down(settings: Settings, keep_services: bool) -> None:
+    home = _home(settings)
+    run = home / "run"
+    nginx_pid = _pid_alive(run / "nginx.pid")
+    if nginx_pid:
+        os.kill(nginx_pid, signal.SIGQUIT)
+    for pid_file in sorted(run.glob("gunicorn-*.pid")):
+        pid = _pid_alive(pid_file)
+        if pid:
+            os.kill(pid, signal.SIGTERM)
+            _wait_gone(pid, 30)
+    if not keep_services:
+        local.stop_embedded(settings)
+
+
+def _wait_gone(pid: int, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except OSError:
+            return
+        time.sleep(0.1)
+
+
+def status(settings: Settings) -> int:
+    home = _home(settings)
+    run = home / "run"
+    rows = [("nginx", _pid_alive(run / "nginx.pid"))]
+    rows += [(p.stem, _pid_alive(p)) for p in sorted(run.glob("gunicorn-*.pid"))]
+    for name, pid in rows:
+        print(f"{name:20} {'running, pid ' + str(pid) if pid else 'stopped'}")
+    return 0
+
+
+def _print_welcome(result: dict) -> None:
+    base, key = result["base_url"], result.get("demo_key")
+    print(f"\ngateway-fleet is up at {base} ({len(result['instances'])} instance(s))\n")
+    if key:
+        print("Try the demo queries:")
+        print(f"  curl -s -H 'X-API-Key: {key}' '{base}/q/account?aid=42'")
+        print(f"  curl -s -H 'X-API-Key: {key}' '{base}/q/customers?country=FR&plan=pro&page_size=3'")
+        print(f"  curl -s -H 'X-API-Key: {key}' '{base}/q/customers?country=US&format=csv'")
+    print("Manage it (admin key in GATEWAY_ADMIN_KEY or the home folder):")
+    print(f"  curl -s -H 'X-API-Key: {result['admin_key']}' {base}/api/v1/queries")
+    print("Stop it: .venv/bin/fleet down")
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="fleet", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+    p_up = sub.add_parser("up", help="start everything and seed the demo")
+    p_up.add_argument("--instances", type=int, default=1)
+    p_up.add_argument("--no-demo", action="store_true")
+    p_down = sub.add_parser("down", help="stop everything")
+    p_down.add_argument("--keep-services", action="store_true", help="leave PostgreSQL and Redis running")
+    sub.add_parser("status")
+    p_seed = sub.add_parser("seed", help="create the demo objects through the Management API")
+    p_seed.add_argument("--url", required=True)
+    p_seed.add_argument("--admin-key", default=os.environ.get("GATEWAY_ADMIN_KEY", ""))
+    p_seed.add_argument("--pg-host", default="postgres")
+    p_seed.add_argument("--pg-port", type=int, default=5432)
+    p_seed.add_argument("--pg-database", default="demo")
+    p_seed.add_argument("--pg-user", default="postgres")
+    p_seed.add_argument("--pg-password", default="${GATEWAY_DEMO_PG_PASSWORD}")
+    p_seed.add_argument("--key-file", default=".fleet/demo_key")
+    args = parser.parse_args(argv)
+    settings = Settings.from_env()
+    if args.command == "up":
+        _print_welcome(up(settings, args.instances, not args.no_demo))
+        return 0
+    if args.command == "down":
+        down(settings, args.keep_services)
+        return 0
+    if args.command == "status":
+        return status(settings)
+    if args.command == "seed":
+        if not _wait_http(args.url.rstrip("/") + "/health", 120):
+            raise SystemExit(f"{args.url} does not answer")
+        pg = {"host": args.pg_host, "port": args.pg_port, "database": args.pg_database,
+              "user": args.pg_user, "password": args.pg_password}
+        print(seed(Api(args.url, args.admin_key), pg, Path(args.key_file)))
+        return 0
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

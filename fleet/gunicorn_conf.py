@@ -1,0 +1,70 @@
+"""gunicorn configuration: one worker per core, each pinned to its own core.
+
+    gunicorn -c fleet/gunicorn_conf.py 'gateway.app:create_app()'
+
+Everything comes from ``GATEWAY_*`` settings; a ``--bind`` on the command line wins.
+With no ``GATEWAY_DATABASE_URL`` / ``GATEWAY_REDIS_URL`` the embedded default (a local
+PostgreSQL and Redis under ``GATEWAY_HOME``) is started here, in the master, before any
+worker forks, and the workers inherit its URLs.
+
+Worker class: gthread. Behind a load balancer connections are kept alive; gthread keeps
+idle keep-alive connections in a poller and hands only ready requests to its threads, so
+a worker holds hundreds of connections with a handful of threads, and it needs no extra
+dependency (docs/bench/ has the measurement against sync).
+"""
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from gateway.settings import Settings  # noqa: E402
+
+_settings = Settings.from_env()
+if not (_settings.database_url and _settings.redis_url and _settings.admin_key and _settings.secret_key):
+    from fleet.local import ensure_embedded  # noqa: E402
+
+    os.environ.update(ensure_embedded(_settings))
+    _settings = Settings.from_env()
+
+bind = [_settings.bind]
+workers = _settings.worker_count()
+worker_class = "gthread"
+threads = _settings.threads
+keepalive = _settings.keepalive
+timeout = 60
+graceful_timeout = 30
+# Worker heartbeat files in memory, never on a disk that can stall.
+worker_tmp_dir = "/dev/shm" if os.path.isdir("/dev/shm") else None
+# One control socket per master (the default is one fixed path for every gunicorn).
+_run_dir = os.path.join(os.path.abspath(_settings.home), "run")
+os.makedirs(_run_dir, exist_ok=True)
+control_socket = os.path.join(_run_dir, f"gunicorn-{_settings.instance or os.getpid()}.ctl")
+accesslog = None
+loglevel = _settings.log_level
+proc_name = f"gateway-fleet{'-' + _settings.instance if _settings.instance else ''}"
+
+_CPUS = _settings.usable_cpus()
+
+
+def pre_fork(server, worker):
+    """In the master: give the new worker the first core no live worker holds, so a
+    respawned worker takes the core its predecessor left."""
+    if not _CPUS:
+        worker.gw_cpu = None
+        return
+    taken = {getattr(w, "gw_cpu", None) for w in server.WORKERS.values()}
+    free = [c for c in _CPUS if c not in taken]
+    worker.gw_cpu = free[0] if free else _CPUS[len(server.WORKERS) % len(_CPUS)]
+
+
+def post_fork(server, worker):
+    cpu = getattr(worker, "gw_cpu", None)
+    if cpu is not None:
+        os.sched_setaffinity(0, {cpu})
+        server.log.info("worker %s pinned to cpu %s", worker.pid, cpu)
+
+
+def worker_exit(server, worker):
+    parts = getattr(getattr(worker, "wsgi", None), "parts", None)
+    if parts is not None:
+        parts.close()

@@ -1,0 +1,73 @@
+"""The demo: a connection, two published queries and a key, created through the
+Management API exactly as a QueryAPIGate user's script would. Safe to re-run: what exists
+is left alone, and the demo key's secret is kept in a file (rotated if it was lost)."""
+from __future__ import annotations
+
+import json
+import os
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+DEMO_QUERIES = [
+    {"name": "account", "connection_name": "demo",
+     "sql": "SELECT aid, bid, abalance FROM pgbench_accounts WHERE aid = :aid",
+     "parameters": {"aid": {"type": "int", "required": True, "min": 1,
+                            "description": "account id, 1 to 1,000,000"}},
+     "description": "One pgbench account by primary key", "publish": True},
+    {"name": "customers", "connection_name": "demo",
+     "sql": "SELECT id, name, email, country, plan FROM customers "
+            "WHERE country = :country AND plan = :plan ORDER BY id",
+     "parameters": {"country": {"type": "str", "enum": ["DE", "FR", "GB", "JP", "US"], "default": "DE"},
+                    "plan": {"type": "str", "enum": ["free", "pro", "team", "enterprise"], "default": "pro"}},
+     "description": "Customers by country and plan", "tags": ["demo"], "publish": True},
+]
+
+
+class Api:
+    """A minimal JSON client for the Management API (stdlib only)."""
+
+    def __init__(self, base_url: str, admin_key: str):
+        self.base = base_url.rstrip("/")
+        self.key = admin_key
+
+    def call(self, method: str, path: str, body=None, key: str | None = None):
+        data = None if body is None else json.dumps(body).encode()
+        req = urllib.request.Request(self.base + path, data=data, method=method,
+                                     headers={"X-API-Key": key or self.key, "Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(req, timeout=30) as resp:
+                raw = resp.read()
+                return resp.status, (json.loads(raw) if raw and raw[:1] in b"[{" else raw)
+        except urllib.error.HTTPError as err:
+            raw = err.read()
+            return err.code, (json.loads(raw) if raw[:1] == b"{" else raw)
+
+
+def seed(api: Api, pg: dict, key_file: Path) -> str:
+    """Create the demo objects that are missing; returns the demo key's secret."""
+    status, body = api.call("POST", "/api/v1/connections", {"name": "demo", "db": "postgres", **pg, "active": True})
+    if status not in (201, 409):
+        raise RuntimeError(f"creating the demo connection answered {status}: {body}")
+    for query in DEMO_QUERIES:
+        status, body = api.call("POST", "/api/v1/queries", query)
+        if status not in (201, 409):
+            raise RuntimeError(f"creating query {query['name']} answered {status}: {body}")
+    grants = {"name": "demo", "queries": [q["name"] for q in DEMO_QUERIES], "connections": ["demo"]}
+    status, body = api.call("POST", "/api/v1/api-keys", grants)
+    if status == 201:
+        secret = body["secret"]
+    elif status == 409:
+        secret = key_file.read_text().strip() if key_file.exists() else ""
+        if not secret or api.call("GET", "/q/account?aid=1", key=secret)[0] != 200:
+            status, body = api.call("POST", "/api/v1/api-keys/demo/rotate")
+            if status != 200:
+                raise RuntimeError(f"rotating the demo key answered {status}: {body}")
+            secret = body["secret"]
+    else:
+        raise RuntimeError(f"creating the demo key answered {status}: {body}")
+    key_file.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(key_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(secret + "\n")
+    return secret

@@ -1,0 +1,162 @@
+"""The WSGI application: ``gateway.app:create_app()``.
+
+Each gunicorn worker calls ``create_app`` after the fork (the app is not preloaded), so
+every worker owns its pools, its catalog, its bus thread and its history thread.
+"""
+from __future__ import annotations
+
+import logging
+import os
+
+import falcon
+import orjson
+import psycopg2
+import psycopg2.pool
+
+from .crypto import PasswordBox
+from .errors import GatewayError
+from .execution.runner import Pools
+from .history import HistoryWriter
+from .manage import Management
+from .resources import management
+from .resources.common import AdminCheck, request_id
+from .resources.data import QueryResource
+from .resources.health import Health, Ready
+from .settings import Settings
+from .state import CatalogHolder
+from .store.schema import migrate
+from .sync import LocalSync
+
+log = logging.getLogger("gateway")
+
+_FALCON_CODES = {400: "invalid_body", 401: "unauthorized", 404: "not_found", 405: "method_not_allowed",
+                 413: "payload_too_large", 415: "unsupported_media_type"}
+
+
+class GatewayApp(falcon.App):
+    """A Falcon app that also holds its gateway parts, so gunicorn hooks can close them."""
+
+    parts: "Parts"
+
+
+class Parts:
+    """Everything one worker runs, in the order it is closed."""
+
+    def __init__(self, settings, holder, pools, history, sync, store_pool, manage):
+        self.settings = settings
+        self.holder = holder
+        self.pools = pools
+        self.history = history
+        self.sync = sync
+        self.store_pool = store_pool
+        self.manage = manage
+
+    def close(self) -> None:
+        self.sync.close()
+        self.history.close()
+        self.pools.close()
+        self.holder.close()
+        self.store_pool.closeall()
+
+
+def _send_error(req, resp, error: GatewayError) -> None:
+    resp.status = error.status
+    resp.data = orjson.dumps(error.body(request_id(req)))
+    resp.content_type = "application/json"
+    resp.set_header("X-Request-Id", request_id(req))
+    if error.headers:
+        for name, value in error.headers.items():
+            resp.set_header(name, value)
+
+
+def _on_gateway_error(req, resp, ex, params):
+    _send_error(req, resp, ex)
+
+
+def _on_http_error(req, resp, ex, params):
+    status = ex.status_code
+    message = ex.title if not ex.description else f"{ex.title}: {ex.description}"
+    _send_error(req, resp, GatewayError(status, _FALCON_CODES.get(status, "invalid_body"), message))
+
+
+def _on_unexpected(req, resp, ex, params):
+    log.exception("unhandled error in request %s", request_id(req))
+    _send_error(req, resp, GatewayError(500, "internal_error", "internal error; quote the request id"))
+
+
+def _store_connector(settings):
+    def connect():
+        return psycopg2.connect(settings.database_url, connect_timeout=settings.connect_timeout_s,
+                                application_name="gateway-fleet-store")
+    return connect
+
+
+def _make_sync(settings):
+    if not settings.redis_url:
+        return LocalSync()
+    from fleet.bus import RedisBus  # the fleet's implementation of gateway.sync.Sync
+    return RedisBus(settings.redis_url, settings.freshness_lease_ms, settings.bus_ping_ms,
+                    settings.sync_timeout_ms)
+
+
+def create_app(settings: Settings | None = None, sync=None) -> GatewayApp:
+    settings = settings or Settings.from_env()
+    logging.basicConfig(level=settings.log_level.upper(),
+                        format='{"at":"%(asctime)s","level":"%(levelname)s","logger":"%(name)s","msg":"%(message)s"}')
+    if not settings.database_url:
+        raise SystemExit("GATEWAY_DATABASE_URL is not set: start through `fleet up`, or through "
+                         "`gunicorn -c fleet/gunicorn_conf.py`, which starts the embedded default")
+    connect = _store_connector(settings)
+    conn = connect()
+    try:
+        migrate(conn)
+    finally:
+        conn.close()
+
+    box = PasswordBox(settings.secret_key)
+    pools = Pools(settings, box)
+    holder = CatalogHolder(connect, on_reload=lambda old, new: pools.retire_unused(new.connections.values()))
+    holder.reload()
+    sync = sync or _make_sync(settings)
+    history = HistoryWriter(connect, f"{os.uname().nodename}:{os.getpid()}", settings.history_batch,
+                            settings.history_flush_ms, settings.history_queue_max)
+    store_pool = psycopg2.pool.ThreadedConnectionPool(0, 4, settings.database_url,
+                                                      connect_timeout=settings.connect_timeout_s,
+                                                      application_name="gateway-fleet-admin")
+    manage = Management(settings, sync, box, store_pool)
+
+    app = GatewayApp(media_type=falcon.MEDIA_JSON)
+    app.req_options.strip_url_path_trailing_slash = True
+    app.add_error_handler(Exception, _on_unexpected)
+    app.add_error_handler(falcon.HTTPError, _on_http_error)
+    app.add_error_handler(GatewayError, _on_gateway_error)
+
+    app.add_route("/q/{name}", QueryResource(holder, pools, history, settings))
+    admin = AdminCheck(settings.admin_key)
+    for path, resource in management.ROUTES:
+        app.add_route(path, resource(manage, admin, settings))
+    app.add_route("/health", Health())
+    app.add_route("/ready", Ready(lambda: _store_reachable(store_pool), sync))
+
+    sync.start(holder)
+    history.start()
+    app.parts = Parts(settings, holder, pools, history, sync, store_pool, manage)
+    return app
+
+
+def _store_reachable(store_pool) -> bool:
+    try:
+        conn = store_pool.getconn()
+    except (psycopg2.Error, psycopg2.pool.PoolError):
+        return False
+    broken = False
+    try:
+        with conn.cursor() as cur:
+            cur.execute("SELECT 1")
+        conn.rollback()
+        return True
+    except psycopg2.Error:
+        broken = True
+        return False
+    finally:
+        store_pool.putconn(conn, close=broken)

@@ -1,0 +1,160 @@
+"""The worker's in-memory catalog: keys, connections and saved queries, ready to serve.
+
+A catalog is immutable once built. A reload builds a whole new one from the store and
+swaps the reference, so a request reads one consistent snapshot with no lock. Everything
+a call needs (the parameter binder, the statement text, the grants) was prepared at save
+time and is only looked up here.
+"""
+from __future__ import annotations
+
+import time
+from datetime import datetime
+
+import psycopg2.extras
+
+from .params import ParamBinder, compile_specs
+from .sqltext import PreparedText
+
+SQL_TYPES = {"int": "bigint", "float": "double precision", "str": "text", "bool": "boolean",
+             "date": "date", "datetime": "timestamp"}
+
+
+class Connection:
+    __slots__ = ("id", "name", "db", "host", "port", "database", "username", "password",
+                 "active", "identity")
+
+    def __init__(self, row: dict):
+        self.id = row["id"]
+        self.name = row["name"]
+        self.db = row["db"]
+        self.host = row["host"]
+        self.port = row["port"]
+        self.database = row["database"]
+        self.username = row["username"]
+        self.password = row["password"]          # sealed; opened only when a session is made
+        self.active = row["active"]
+        # A pool is reused across reloads only while everything that shapes a session is unchanged.
+        self.identity = (self.id, self.host, self.port, self.database, self.username, self.password)
+
+
+class QueryVersion:
+    __slots__ = ("query_id", "name", "version", "connection", "sql", "kind", "binder",
+                 "value_order", "statement", "prepare_sql", "execute_sql", "stream_sql",
+                 "published_at", "description", "tags", "parameters")
+
+    def __init__(self, name: str, row: dict, connection: Connection):
+        analysis = row["extra"]["analysis"]
+        text = PreparedText(analysis["positional"], analysis["pyformat"], tuple(analysis["order"]),
+                            analysis["kind"])
+        specs = compile_specs(row["parameters"])
+        by_name = {s.name: i for i, s in enumerate(specs)}
+        self.query_id = row["query_id"]
+        self.name = name
+        self.version = row["version"]
+        self.connection = connection
+        self.sql = row["sql"]
+        self.kind = text.kind
+        self.binder = ParamBinder(specs)
+        # bind() returns values in declaration order; the statement wants first-use order.
+        self.value_order = tuple(by_name[n] for n in text.order)
+        self.statement = f"gw_q{self.query_id}_v{self.version}"
+        self.parameters = row["parameters"]
+        self.description = row["description"]
+        self.tags = row["tags"]
+        self.published_at = row["published_at"]
+        types = ", ".join(SQL_TYPES[specs[by_name[n]].kind] for n in text.order)
+        n = len(text.order)
+        if self.kind == "read":
+            # Reads are paged inside the statement: LIMIT/OFFSET are two extra parameters.
+            body = f"SELECT * FROM (\n{text.positional}\n) AS _gw_page LIMIT ${n + 1} OFFSET ${n + 2}"
+            types = ", ".join(filter(None, (types, "bigint, bigint")))
+            args = n + 2
+        else:
+            body = text.positional
+            args = n
+        # psycopg2 interpolates %s in the whole string, so literal % in the SQL is doubled.
+        self.prepare_sql = f"PREPARE {self.statement} ({types}) AS {body}".replace("%", "%%") \
+            if types else f"PREPARE {self.statement} AS {body}".replace("%", "%%")
+        self.execute_sql = f"EXECUTE {self.statement}({', '.join(['%s'] * args)})" if args \
+            else f"EXECUTE {self.statement}"
+        self.stream_sql = text.pyformat
+
+    def values(self, bound: tuple) -> tuple:
+        return tuple(bound[i] for i in self.value_order)
+
+    def stream_args(self, bound: tuple) -> dict:
+        return {spec.name: bound[i] for i, spec in enumerate(self.binder.specs)}
+
+
+class Query:
+    __slots__ = ("id", "name", "published", "versions")
+
+    def __init__(self, query_id: int, name: str):
+        self.id = query_id
+        self.name = name
+        self.published: QueryVersion | None = None
+        self.versions: dict[int, QueryVersion] = {}
+
+
+class ApiKey:
+    __slots__ = ("id", "name", "prefix", "digest", "queries", "connections", "expires_at", "active",
+                 "grants")
+
+    def __init__(self, row: dict):
+        grants = row["grants"] or {}
+        self.id = row["id"]
+        self.name = row["name"]
+        self.prefix = row["prefix"]
+        self.digest = bytes(row["secret_hash"])
+        self.queries = frozenset(grants.get("queries") or ())
+        self.connections = frozenset(grants.get("connections") or ())
+        expires: datetime | None = row["expires_at"]
+        self.expires_at = expires.timestamp() if expires else None
+        self.active = grants.get("active", True) is not False
+        self.grants = grants
+
+    def expired(self, now: float) -> bool:
+        return self.expires_at is not None and now >= self.expires_at
+
+
+class Catalog:
+    __slots__ = ("generation", "keys", "queries", "connections", "loaded_at")
+
+    def __init__(self, generation: int, keys: dict, queries: dict, connections: dict):
+        self.generation = generation
+        self.keys = keys                  # prefix -> ApiKey
+        self.queries = queries            # name -> Query
+        self.connections = connections    # name -> Connection
+        self.loaded_at = time.monotonic()
+
+    @classmethod
+    def empty(cls) -> "Catalog":
+        return cls(0, {}, {}, {})
+
+
+def load(conn, generation: int) -> Catalog:
+    """Read the whole catalog in one repeatable-read snapshot."""
+    with conn.cursor(cursor_factory=psycopg2.extras.RealDictCursor) as cur:
+        cur.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+        try:
+            cur.execute("SELECT * FROM gw_connections")
+            connections = {r["name"]: Connection(r) for r in cur.fetchall()}
+            by_id = {c.id: c for c in connections.values()}
+            cur.execute("""SELECT q.name AS query_name, q.published_version, v.*
+                             FROM gw_queries q JOIN gw_query_versions v ON v.query_id = q.id
+                            ORDER BY q.id, v.version""")
+            queries: dict[str, Query] = {}
+            for r in cur.fetchall():
+                query = queries.get(r["query_name"])
+                if query is None:
+                    query = queries[r["query_name"]] = Query(r["query_id"], r["query_name"])
+                version = QueryVersion(r["query_name"], r, by_id[r["connection_id"]])
+                query.versions[version.version] = version
+                if r["published_version"] == version.version:
+                    query.published = version
+            cur.execute("SELECT * FROM gw_api_keys")
+            keys = {r["prefix"]: ApiKey(r) for r in cur.fetchall()}
+        finally:
+            cur.execute("COMMIT")
+    return Catalog(generation, keys, queries, connections)
+

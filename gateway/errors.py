@@ -1,0 +1,96 @@
+"""Typed errors: every failure a caller can cause has a status and a stable code.
+
+The codes are a public contract (listed in the README's error table); the messages are
+for people and may change.
+"""
+from __future__ import annotations
+
+
+class GatewayError(Exception):
+    __slots__ = ("status", "code", "message", "extra", "headers")
+
+    def __init__(self, status: int, code: str, message: str, *, extra: dict | None = None,
+                 headers: dict | None = None):
+        super().__init__(message)
+        self.status = status
+        self.code = code
+        self.message = message
+        self.extra = extra
+        self.headers = headers
+
+    def body(self, request_id: str) -> dict:
+        doc = {"error": self.message, "code": self.code, "request_id": request_id}
+        if self.extra:
+            doc.update(self.extra)
+        return doc
+
+
+def bad_request(code: str, message: str, **extra) -> GatewayError:
+    return GatewayError(400, code, message, extra=extra or None)
+
+
+def not_found(code: str, message: str) -> GatewayError:
+    return GatewayError(404, code, message)
+
+
+def conflict(code: str, message: str) -> GatewayError:
+    return GatewayError(409, code, message)
+
+
+def unauthorized(message: str = "missing or unknown API key") -> GatewayError:
+    return GatewayError(401, "unauthorized", message)
+
+
+def forbidden(code: str, message: str) -> GatewayError:
+    return GatewayError(403, code, message)
+
+
+def unavailable(code: str, message: str, retry_after: int = 1) -> GatewayError:
+    return GatewayError(503, code, message, headers={"Retry-After": str(retry_after)})
+
+
+# Every stable code, with its status and meaning: the README's error table is generated
+# from this, and a test checks that each code raised anywhere is listed here.
+CODES: dict[str, tuple[int, str]] = {
+    "invalid_body": (400, "The body is not JSON, not an object, or a field is missing, of the wrong type or out of range; `errors` names the fields where it can."),
+    "param_invalid": (400, "A query parameter failed validation; `errors` maps each field to its problem."),
+    "param_required": (400, "A required query parameter is missing; `errors` names it."),
+    "invalid_paging": (400, "`page` or `page_size` is not a positive integer, or `page_size` is above `GATEWAY_MAX_PAGE_SIZE`."),
+    "invalid_format": (400, "`format` is not one of `json`, `ndjson`, `csv`."),
+    "invalid_timeout": (400, "`timeout` is not a positive number of seconds."),
+    "invalid_stream": (400, "`stream` is not a boolean, or asks to stream `json` (stream `csv` or `ndjson`)."),
+    "invalid_version": (400, "`version` is not a positive integer."),
+    "invalid_sql": (400, "The saved SQL cannot be served: it does not parse, has more than one statement, an undeclared placeholder, or a statement kind that is refused."),
+    "query_failed": (400, "The data database rejected the statement (a data error such as a bad cast, a missing table or a constraint)."),
+    "unauthorized": (401, "No API key, an unknown key, or a wrong admin key."),
+    "key_expired": (401, "The API key has passed its `expires_at`."),
+    "query_not_allowed": (403, "The key is not granted this query."),
+    "connection_not_allowed": (403, "The key is not granted the query's connection."),
+    "write_not_allowed": (403, "The query writes, and the key or the server does not allow writes."),
+    "query_not_found": (404, "No published query by that name (drafts are not served)."),
+    "version_not_found": (404, "The query has no such version, or that version was never published."),
+    "connection_not_found": (404, "No connection by that name."),
+    "key_not_found": (404, "No API key by that name."),
+    "not_found": (404, "No such route."),
+    "method_not_allowed": (405, "The route exists but not for this HTTP method."),
+    "connection_exists": (409, "A connection by that name already exists."),
+    "query_exists": (409, "A query by that name already exists."),
+    "key_exists": (409, "An API key by that name already exists."),
+    "connection_in_use": (409, "Saved queries use the connection; delete them or move them first."),
+    "payload_too_large": (413, "The body is larger than `GATEWAY_MAX_BODY_BYTES`."),
+    "unsupported_media_type": (415, "The body must be `application/json`."),
+    "internal_error": (500, "A bug: reported with its request id, never with internals."),
+    "database_unavailable": (503, "The data database cannot be reached; retry after `Retry-After`."),
+    "store_unavailable": (503, "The gateway's store cannot be reached; retry after `Retry-After`."),
+    "connection_inactive": (503, "The connection is marked inactive."),
+    "catalog_stale": (503, "This worker lost contact with the fleet's bus and could not reload its catalog; retry after `Retry-After`."),
+    "pool_exhausted": (503, "Every pooled session of this worker stayed busy past the wait limit; retry after `Retry-After`."),
+    "query_timeout": (504, "The statement ran past its timeout and was cancelled."),
+}
+
+
+def markdown_table() -> str:
+    rows = ["| Status | Code | Meaning |", "| --- | --- | --- |"]
+    for code, (status, meaning) in sorted(CODES.items(), key=lambda kv: (kv[1][0], kv[0])):
+        rows.append(f"| {status} | `{code}` | {meaning} |")
+    return "\n".join(rows)

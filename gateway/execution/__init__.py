@@ -1,0 +1,1 @@
+"""Running saved queries: per-worker session pools, prepared statements, output formats."""

@@ -1,0 +1,80 @@
+"""Output formats: JSON (a list of row objects, QueryAPIGate's shape), NDJSON and CSV, each
+as a whole page or as a stream of chunks.
+
+NUMERIC arrives as float (a typecaster set on the session, as QueryAPIGate returns it),
+timestamps as ISO 8601; bytes are decoded as UTF-8 with replacement.
+"""
+from __future__ import annotations
+
+import csv
+import io
+from datetime import date, datetime, time
+
+import orjson
+
+FORMATS = ("json", "ndjson", "csv")
+STREAM_FORMATS = ("ndjson", "csv")
+CONTENT_TYPES = {"json": "application/json", "ndjson": "application/x-ndjson",
+                 "csv": "text/csv; charset=utf-8"}
+_OPTS = orjson.OPT_SERIALIZE_NUMPY
+
+
+def _default(value):
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return bytes(value).decode("utf-8", "replace")
+    return str(value)
+
+
+def unique_names(names) -> list[str]:
+    """``SELECT a.id, b.id`` gives ``id`` and ``id_2``, so no column is lost."""
+    seen: dict[str, int] = {}
+    result = []
+    for name in names:
+        seen[name] = seen.get(name, 0) + 1
+        result.append(name if seen[name] == 1 else f"{name}_{seen[name]}")
+    return result
+
+
+def render_json(columns, rows) -> bytes:
+    return orjson.dumps([dict(zip(columns, row)) for row in rows], default=_default)
+
+
+def render_ndjson(columns, rows) -> bytes:
+    if not rows:
+        return b""
+    return b"\n".join(orjson.dumps(dict(zip(columns, row)), default=_default) for row in rows) + b"\n"
+
+
+def _csv_cell(value):
+    if isinstance(value, (datetime, date, time)):
+        return value.isoformat()
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return bytes(value).decode("utf-8", "replace")
+    if isinstance(value, (dict, list)):
+        return orjson.dumps(value).decode()
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return value
+
+
+def render_csv(columns, rows, header: bool = True) -> bytes:
+    buffer = io.StringIO()
+    writer = csv.writer(buffer, lineterminator="\n")
+    if header:
+        writer.writerow(columns)
+    writer.writerows([_csv_cell(v) for v in row] for row in rows)
+    return buffer.getvalue().encode()
+
+
+RENDERERS = {"json": render_json, "ndjson": render_ndjson, "csv": render_csv}
+
+
+def stream_chunks(fmt: str, columns, batches):
+    """Yield encoded chunks, one per batch of rows, for a streamed response."""
+    if fmt == "csv":
+        yield render_csv(columns, [], header=True)
+        for rows in batches:
+            yield render_csv(columns, rows, header=False)
+    else:
+        for rows in batches:
+            yield render_ndjson(columns, rows)

@@ -1,0 +1,99 @@
+"""A small pool of psycopg2 sessions per worker per connection.
+
+Every session is configured once, when it is opened, through libpq's ``options``: read-only
+by default and with the server's statement timeout. So a call never spends a round trip on
+``SET``. Sessions are handed out last-in first-out, which keeps the warm ones (with their
+prepared statements) busy and lets the rest idle.
+"""
+from __future__ import annotations
+
+import threading
+
+import psycopg2
+import psycopg2.extensions
+
+from ..errors import unavailable
+
+
+class Session:
+    __slots__ = ("conn", "cursor", "prepared")
+
+    def __init__(self, conn):
+        self.conn = conn
+        self.cursor = conn.cursor()
+        self.prepared: set[str] = set()
+
+
+class SessionPool:
+    __slots__ = ("_connect_kwargs", "_configure", "_size", "_idle", "_open", "_cond", "_closed", "wait_s")
+
+    def __init__(self, connect_kwargs: dict, size: int, wait_s: float = 5.0, configure=None):
+        self._connect_kwargs = connect_kwargs
+        self._configure = configure
+        self._size = size
+        self._idle: list[Session] = []
+        self._open = 0
+        self._cond = threading.Condition(threading.Lock())
+        self._closed = False
+        self.wait_s = wait_s
+
+    def acquire(self) -> Session:
+        with self._cond:
+            while True:
+                if self._idle:
+                    return self._idle.pop()
+                if self._open < self._size:
+                    self._open += 1
+                    break
+                if not self._cond.wait(self.wait_s):
+                    raise unavailable("pool_exhausted", "every database session of this worker is busy")
+        try:
+            return self._connect()
+        except BaseException:
+            with self._cond:
+                self._open -= 1
+                self._cond.notify()
+            raise
+
+    def _connect(self) -> Session:
+        try:
+            conn = psycopg2.connect(**self._connect_kwargs)
+        except psycopg2.OperationalError:
+            raise unavailable("database_unavailable", "the data database cannot be reached") from None
+        conn.autocommit = True
+        if self._configure is not None:
+            self._configure(conn)
+        return Session(conn)
+
+    def release(self, session: Session, broken: bool = False) -> None:
+        if not broken and session.conn.closed == 0 and \
+                session.conn.info.transaction_status == psycopg2.extensions.TRANSACTION_STATUS_IDLE:
+            with self._cond:
+                if not self._closed:
+                    self._idle.append(session)
+                    self._cond.notify()
+                    return
+        self._discard(session)
+
+    def _discard(self, session: Session) -> None:
+        try:
+            session.conn.close()
+        except Exception:
+            pass
+        with self._cond:
+            self._open -= 1
+            self._cond.notify()
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            idle, self._idle = self._idle, []
+        for session in idle:
+            self._discard(session)
+
+
+def session_options(statement_timeout_ms: int, read_only: bool) -> str:
+    opts = f"-c statement_timeout={int(statement_timeout_ms)} -c idle_in_transaction_session_timeout=60000"
+    if read_only:
+        opts += " -c default_transaction_read_only=on"
+    return opts

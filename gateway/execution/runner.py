@@ -1,0 +1,181 @@
+"""Runs a saved query version on a pooled session, in one round trip.
+
+A session prepares each statement once (``PREPARE`` travels in the same simple-query
+message as the first ``EXECUTE``), and a caller's lower ``timeout`` is a ``SET LOCAL`` in
+that same message, so every call is exactly one round trip to the data database.
+"""
+from __future__ import annotations
+
+import psycopg2
+import psycopg2.errors
+import psycopg2.extensions
+
+from ..catalog import Connection, QueryVersion
+from ..errors import GatewayError, bad_request, forbidden, unavailable
+from .pool import Session, SessionPool, session_options
+
+# NUMERIC as float, on data sessions only (the store keeps its own types).
+_NUMERIC_AS_FLOAT = psycopg2.extensions.new_type(
+    psycopg2.extensions.DECIMAL.values, "GW_NUMERIC_AS_FLOAT",
+    lambda value, cur: None if value is None else float(value))
+
+
+def _configure_session(conn) -> None:
+    psycopg2.extensions.register_type(_NUMERIC_AS_FLOAT, conn)
+
+
+class Result:
+    __slots__ = ("columns", "rows", "rowcount")
+
+    def __init__(self, columns, rows, rowcount):
+        self.columns = columns
+        self.rows = rows
+        self.rowcount = rowcount
+
+
+class Pools:
+    """This worker's pools, one per connection and access mode, reused across reloads
+    while the connection's settings are unchanged."""
+
+    __slots__ = ("_settings", "_box", "_pools")
+
+    def __init__(self, settings, password_box):
+        self._settings = settings
+        self._box = password_box
+        self._pools: dict[tuple, SessionPool] = {}
+
+    def get(self, connection: Connection, writable: bool) -> SessionPool:
+        key = (connection.identity, writable)
+        pool = self._pools.get(key)
+        if pool is None:
+            pool = self._pools.setdefault(key, SessionPool(
+                self._connect_kwargs(connection, writable), self._settings.effective_pool_size(),
+                configure=_configure_session))
+        return pool
+
+    def _connect_kwargs(self, connection: Connection, writable: bool) -> dict:
+        return {"host": connection.host, "port": connection.port, "dbname": connection.database,
+                "user": connection.username, "password": self._box.open(connection.password) or None,
+                "connect_timeout": self._settings.connect_timeout_s,
+                "application_name": "gateway-fleet",
+                "options": session_options(self._settings.statement_timeout_ms, read_only=not writable)}
+
+    def retire_unused(self, connections) -> None:
+        """After a reload: close pools whose connection was changed or deleted."""
+        live = {c.identity for c in connections}
+        for key in [k for k in self._pools if k[0] not in live]:
+            self._pools.pop(key).close()
+
+    def close(self) -> None:
+        for pool in self._pools.values():
+            pool.close()
+        self._pools.clear()
+
+
+def _prefix(session: Session, qv: QueryVersion, timeout_ms: int | None) -> tuple[str, bool]:
+    parts, preparing = [], qv.statement not in session.prepared
+    if timeout_ms is not None:
+        parts.append(f"SET LOCAL statement_timeout = {int(timeout_ms)}; ")
+    if preparing:
+        parts.append(qv.prepare_sql + "; ")
+    return "".join(parts), preparing
+
+
+def execute(pool: SessionPool, qv: QueryVersion, args: tuple, timeout_ms: int | None) -> Result:
+    session = pool.acquire()
+    broken = False
+    preparing = False
+    try:
+        prefix, preparing = _prefix(session, qv, timeout_ms)
+        cur = session.cursor
+        cur.execute(prefix + qv.execute_sql if prefix else qv.execute_sql, args)
+        if preparing:
+            session.prepared.add(qv.statement)
+        if cur.description is None:
+            return Result((), [], cur.rowcount)
+        return Result(tuple(d.name for d in cur.description), cur.fetchall(), cur.rowcount)
+    except psycopg2.Error as exc:
+        broken = _is_broken(exc)
+        if preparing and not broken:
+            _learn_prepared(session, qv)
+        raise translate(exc) from None
+    finally:
+        pool.release(session, broken)
+
+
+def stream(pool: SessionPool, qv: QueryVersion, args: dict, timeout_ms: int | None, fetch_rows: int):
+    """Open a server-side cursor; returns the column names and a generator of row batches
+    that holds the session until it is exhausted or closed."""
+    session = pool.acquire()
+    conn = session.conn
+    try:
+        conn.autocommit = False
+        if timeout_ms is not None:
+            session.cursor.execute(f"SET LOCAL statement_timeout = {int(timeout_ms)}")
+        cur = conn.cursor(name=f"gw_stream_{id(session):x}")
+        cur.itersize = fetch_rows
+        cur.execute(qv.stream_sql, args)
+        first = cur.fetchmany(fetch_rows)
+        columns = tuple(d.name for d in cur.description)
+    except psycopg2.Error as exc:
+        _end_stream(pool, session, _is_broken(exc))
+        raise translate(exc) from None
+    except BaseException:
+        _end_stream(pool, session, True)
+        raise
+    return columns, _batches(pool, session, cur, first, fetch_rows)
+
+
+def _batches(pool, session, cur, first, fetch_rows):
+    broken = True
+    try:
+        rows = first
+        while rows:
+            yield rows
+            if len(rows) < fetch_rows:
+                break
+            rows = cur.fetchmany(fetch_rows)
+        cur.close()
+        broken = False
+    finally:
+        # A client that hangs up mid-stream closes the generator: the transaction is rolled back.
+        _end_stream(pool, session, broken)
+
+
+def _end_stream(pool, session, broken):
+    conn = session.conn
+    try:
+        if not broken and not conn.closed:
+            conn.rollback()
+            conn.autocommit = True
+    except psycopg2.Error:
+        broken = True
+    pool.release(session, broken)
+
+
+def _learn_prepared(session: Session, qv: QueryVersion) -> None:
+    # PREPARE is not undone when a later statement of the same message fails; ask once, on
+    # this error path only, whether it stuck.
+    try:
+        session.cursor.execute("SELECT 1 FROM pg_prepared_statements WHERE name = %s", (qv.statement,))
+        if session.cursor.fetchone():
+            session.prepared.add(qv.statement)
+    except psycopg2.Error:
+        pass
+
+
+def _is_broken(exc: psycopg2.Error) -> bool:
+    return isinstance(exc, (psycopg2.OperationalError, psycopg2.InterfaceError)) and \
+        not isinstance(exc, psycopg2.errors.QueryCanceled)
+
+
+def translate(exc: psycopg2.Error) -> GatewayError:
+    if isinstance(exc, psycopg2.errors.QueryCanceled):
+        return GatewayError(504, "query_timeout", "the statement ran past its timeout and was cancelled")
+    if isinstance(exc, psycopg2.errors.ReadOnlySqlTransaction):
+        return forbidden("write_not_allowed", "this session is read-only")
+    if _is_broken(exc):
+        return unavailable("database_unavailable", "the data database cannot be reached")
+    message = (exc.diag.message_primary or str(exc)).strip() if exc.diag else str(exc).strip()
+    return bad_request("query_failed", f"the database rejected the statement: {message}",
+                       sqlstate=exc.pgcode)

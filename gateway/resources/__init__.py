@@ -1,0 +1,1 @@
+"""HTTP resources: the data plane, the Management API, health."""

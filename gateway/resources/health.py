@@ -1,0 +1,25 @@
+"""``/health`` (liveness, no I/O) and ``/ready`` (store and shared state reachable)."""
+from __future__ import annotations
+
+import orjson
+
+_OK = orjson.dumps({"status": "ok"})
+
+
+class Health:
+    def on_get(self, req, resp):
+        resp.data = _OK
+        resp.content_type = "application/json"
+
+
+class Ready:
+    def __init__(self, store_check, sync):
+        self._store_check = store_check
+        self._sync = sync
+
+    def on_get(self, req, resp):
+        checks = {"store": self._store_check(), "redis": self._sync.ready()}
+        ok = all(checks.values())
+        resp.status = 200 if ok else 503
+        resp.data = orjson.dumps({"status": "ready" if ok else "not_ready", "checks": checks})
+        resp.content_type = "application/json"

@@ -1,0 +1,142 @@
+"""Every knob of the gateway, in one struct, read in one place.
+
+Settings are ``GATEWAY_*`` environment variables. ``Settings.from_env()`` is the only
+reader; everything else receives a ``Settings`` instance (passed in, never read from
+globals), so tests build one directly. ``python -m gateway.settings`` prints the
+Markdown table that the README carries.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field, fields
+from typing import Mapping
+
+PREFIX = "GATEWAY_"
+
+
+def _doc(default, help_text: str, env: str | None = None):
+    return field(default=default, metadata={"help": help_text, "env": env})
+
+
+@dataclass(slots=True, frozen=True)
+class Settings:
+    # --- where things live -------------------------------------------------------------
+    database_url: str = _doc("", "PostgreSQL URL of the gateway's own store. Empty: the "
+                             "embedded default (a local PostgreSQL started by the project).")
+    redis_url: str = _doc("", "Redis URL shared by the fleet. Empty: the embedded default "
+                          "(a local Redis started by the project).")
+    home: str = _doc(".fleet", "Folder for the embedded PostgreSQL/Redis data, logs and pid files.")
+    pg_port: int = _doc(54329, "Port of the embedded PostgreSQL (loopback only).")
+    redis_port: int = _doc(63799, "Port of the embedded Redis (loopback only).")
+
+    # --- secrets -------------------------------------------------------------------------
+    admin_key: str = _doc("", "Admin credential for `/api/v1` (sent as `X-API-Key`). The "
+                          "embedded default generates one into `<home>/admin_key`.")
+    secret_key: str = _doc("", "Key that encrypts connection passwords at rest (any string; "
+                           "stretched to 256 bits). The embedded default generates one.")
+
+    # --- serving -------------------------------------------------------------------------
+    bind: str = _doc("127.0.0.1:8000", "Address gunicorn listens on (`--bind` on the command line wins).")
+    workers: int = _doc(0, "Worker processes per gunicorn master. 0: one per usable core.")
+    cpus: str = _doc("auto", "Cores to pin workers to: `auto` (the usable cores), a list "
+                     "such as `0,2-3`, or `off` (no pinning).")
+    threads: int = _doc(8, "Threads per worker (gthread worker class).")
+    keepalive: int = _doc(75, "Seconds an idle keep-alive connection is held (longer than a "
+                          "load balancer's idle timeout).")
+    max_body_bytes: int = _doc(1_048_576, "Largest request body accepted; larger answers 413.")
+    instance: str = _doc("", "Name of this gunicorn master inside the fleet (used for its "
+                         "control socket and heartbeat files). Empty: derived from the bind port.")
+
+    # --- data plane ----------------------------------------------------------------------
+    default_page_size: int = _doc(10, "Rows per page when `page_size` is not given.")
+    max_page_size: int = _doc(1000, "Largest `page_size` a caller may ask for.")
+    statement_timeout_ms: int = _doc(30_000, "Statement timeout set once on every pooled "
+                                     "data session; a caller's `timeout` can only lower it.")
+    pool_size: int = _doc(0, "Pooled sessions per worker per connection. 0: `threads`.")
+    stream_fetch_rows: int = _doc(2000, "Rows fetched per round trip when streaming from a "
+                                  "server-side cursor (bounds memory).")
+    connect_timeout_s: int = _doc(3, "Timeout for opening a data or store session.")
+
+    allow_writes: bool = _doc(False, "Server ceiling for writes: saved queries that write run only "
+                              "when this is on and the key has `allow_writes`.")
+
+    # --- run history ---------------------------------------------------------------------
+    history_batch: int = _doc(500, "Runs written to the store per batch.")
+    history_flush_ms: int = _doc(200, "Longest a run waits in memory before its batch is written.")
+    history_queue_max: int = _doc(100_000, "Bound of the in-memory history queue; beyond it runs "
+                                  "are dropped and counted.")
+
+    # --- fleet ---------------------------------------------------------------------------
+    sync_timeout_ms: int = _doc(2000, "Longest a management call waits for every live worker "
+                                "to acknowledge a change.")
+    freshness_lease_ms: int = _doc(1500, "How long a worker trusts its catalog without hearing "
+                                   "from the bus; past it, it reloads before serving.")
+    bus_ping_ms: int = _doc(250, "Interval of the bus's keep-alive ping (renews the freshness lease).")
+
+    log_level: str = _doc("info", "Log level (`debug`, `info`, `warning`, `error`).")
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None, **overrides) -> "Settings":
+        environ = os.environ if environ is None else environ
+        values = {}
+        for f in fields(cls):
+            raw = environ.get(PREFIX + f.name.upper())
+            if raw is None or raw == "":
+                continue
+            values[f.name] = _coerce(f, raw)
+        values.update(overrides)
+        return cls(**values)
+
+    def usable_cpus(self) -> list[int]:
+        """The cores workers are pinned to, in order (empty when pinning is off)."""
+        if self.cpus == "off":
+            return []
+        available = sorted(os.sched_getaffinity(0))
+        if self.cpus in ("", "auto"):
+            return available
+        return parse_cpu_list(self.cpus)
+
+    def worker_count(self) -> int:
+        if self.workers > 0:
+            return self.workers
+        return max(1, len(self.usable_cpus()) or len(os.sched_getaffinity(0)))
+
+    def effective_pool_size(self) -> int:
+        return self.pool_size or self.threads
+
+
+def parse_cpu_list(text: str) -> list[int]:
+    cpus: list[int] = []
+    for part in text.replace(" ", "").split(","):
+        if not part:
+            continue
+        if "-" in part:
+            lo, hi = part.split("-", 1)
+            cpus.extend(range(int(lo), int(hi) + 1))
+        else:
+            cpus.append(int(part))
+    return cpus
+
+
+def _coerce(f, raw: str):
+    default = f.default
+    try:
+        if isinstance(default, bool):
+            return raw.strip().lower() in ("1", "true", "yes", "on")
+        if isinstance(default, int):
+            return int(raw)
+    except ValueError:
+        raise SystemExit(f"{PREFIX}{f.name.upper()} must be an integer, got {raw!r}") from None
+    return raw
+
+
+def markdown_table() -> str:
+    rows = ["| Variable | Default | Meaning |", "| --- | --- | --- |"]
+    for f in fields(Settings):
+        default = f.default if f.default != "" else "(empty)"
+        rows.append(f"| `{PREFIX}{f.name.upper()}` | `{default}` | {f.metadata['help']} |")
+    return "\n".join(rows)
+
+
+if __name__ == "__main__":
+    print(markdown_table())

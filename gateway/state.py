@@ -1,0 +1,98 @@
+"""The worker's current catalog and how far it may be trusted.
+
+The bus (``fleet.bus``) renews a freshness lease each time it hears from Redis. While the
+lease holds, a request reads ``holder.catalog`` with no I/O at all. When the lease has run
+out (the bus is down or slow), a request first asks the store for the catalog's generation
+(one small read) and reloads if it moved, so a worker cut off from the bus never serves a
+definition older than the last management call that returned.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+import psycopg2
+
+from . import catalog as catalog_mod
+from .errors import unavailable
+
+log = logging.getLogger("gateway.state")
+
+FOREVER = float("inf")
+
+
+class CatalogHolder:
+    __slots__ = ("catalog", "fresh_until", "reloads", "_connect", "_conn", "_lock", "_on_reload")
+
+    def __init__(self, connect, on_reload=None):
+        self.catalog = catalog_mod.Catalog.empty()
+        self.fresh_until = 0.0
+        self.reloads = 0
+        self._connect = connect
+        self._conn = None
+        self._lock = threading.Lock()
+        self._on_reload = on_reload
+
+    # --- hot path --------------------------------------------------------------------------
+    def current(self) -> catalog_mod.Catalog:
+        if time.monotonic() < self.fresh_until:
+            return self.catalog
+        return self._revalidate()
+
+    # --- control plane ---------------------------------------------------------------------
+    def renew(self, until: float) -> None:
+        self.fresh_until = until
+
+    def distrust(self) -> None:
+        self.fresh_until = 0.0
+
+    def reload(self, at_least: int = 0) -> int:
+        """Load the whole catalog from the store (if its generation is below ``at_least``
+        or unknown) and swap it in; returns the generation now served."""
+        with self._lock:
+            if at_least and self.catalog.generation >= at_least:
+                return self.catalog.generation
+            return self._reload_locked()
+
+    def _reload_locked(self) -> int:
+        try:
+            conn = self._store()
+            with conn.cursor() as cur:
+                cur.execute("SELECT generation FROM gw_catalog_state")
+                generation = cur.fetchone()[0]
+            if generation != self.catalog.generation or not self.reloads:
+                new = catalog_mod.load(conn, generation)
+                old, self.catalog = self.catalog, new
+                self.reloads += 1
+                if self._on_reload is not None:
+                    self._on_reload(old, new)
+            return self.catalog.generation
+        except psycopg2.Error:
+            self._drop_store()
+            raise
+
+    def _revalidate(self) -> catalog_mod.Catalog:
+        try:
+            self.reload()
+        except psycopg2.Error:
+            raise unavailable("catalog_stale", "this worker cannot confirm its catalog is current") from None
+        return self.catalog
+
+    def _store(self):
+        if self._conn is None or self._conn.closed:
+            self._conn = self._connect()
+            self._conn.autocommit = True
+        return self._conn
+
+    def _drop_store(self) -> None:
+        if self._conn is not None:
+            try:
+                self._conn.close()
+            except Exception:
+                pass
+        self._conn = None
+
+    def close(self) -> None:
+        with self._lock:
+            self._drop_store()

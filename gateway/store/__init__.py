@@ -1,0 +1,1 @@
+"""The gateway's own store in PostgreSQL: schema, migrations and data access."""

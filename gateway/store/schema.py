@@ -1,0 +1,109 @@
+"""Schema migrations, applied at start-up.
+
+Each migration is applied once, in order, inside one transaction that holds a
+transaction-level advisory lock: when many workers start at once, one applies and the
+others wait, then find nothing left to do. Migrations are append-only: never edit one
+that has shipped, add the next.
+"""
+from __future__ import annotations
+
+MIGRATIONS: list[str] = [
+    # 1: connections, saved queries with versions, API keys, run history
+    """
+    CREATE TABLE gw_connections (
+        id          serial PRIMARY KEY,
+        name        text NOT NULL UNIQUE,
+        db          text NOT NULL DEFAULT 'postgres',
+        host        text NOT NULL,
+        port        integer NOT NULL DEFAULT 5432,
+        database    text NOT NULL,
+        username    text NOT NULL,
+        password    text,
+        active      boolean NOT NULL DEFAULT true,
+        options     jsonb NOT NULL DEFAULT '{}'::jsonb,
+        created_at  timestamptz NOT NULL DEFAULT now(),
+        updated_at  timestamptz NOT NULL DEFAULT now()
+    );
+    CREATE TABLE gw_queries (
+        id                serial PRIMARY KEY,
+        name              text NOT NULL UNIQUE,
+        published_version integer,
+        created_at        timestamptz NOT NULL DEFAULT now(),
+        updated_at        timestamptz NOT NULL DEFAULT now()
+    );
+    CREATE TABLE gw_query_versions (
+        query_id       integer NOT NULL REFERENCES gw_queries(id) ON DELETE CASCADE,
+        version        integer NOT NULL,
+        connection_id  integer NOT NULL REFERENCES gw_connections(id),
+        sql            text NOT NULL,
+        parameters     jsonb NOT NULL DEFAULT '{}'::jsonb,
+        description    text NOT NULL DEFAULT '',
+        tags           jsonb NOT NULL DEFAULT '[]'::jsonb,
+        extra          jsonb NOT NULL DEFAULT '{}'::jsonb,
+        published_at   timestamptz,
+        created_at     timestamptz NOT NULL DEFAULT now(),
+        PRIMARY KEY (query_id, version)
+    );
+    CREATE TABLE gw_api_keys (
+        id          serial PRIMARY KEY,
+        name        text NOT NULL UNIQUE,
+        prefix      text NOT NULL UNIQUE,
+        secret_hash bytea NOT NULL,
+        grants      jsonb NOT NULL DEFAULT '{}'::jsonb,
+        expires_at  timestamptz,
+        created_at  timestamptz NOT NULL DEFAULT now(),
+        rotated_at  timestamptz
+    );
+    CREATE TABLE gw_run_history (
+        id           bigserial PRIMARY KEY,
+        at           timestamptz NOT NULL,
+        request_id   text NOT NULL,
+        key_id       integer,
+        query        text,
+        version      integer,
+        status       smallint NOT NULL,
+        code         text,
+        row_count    integer,
+        duration_ms  real NOT NULL,
+        worker       text NOT NULL
+    );
+    CREATE INDEX gw_run_history_at ON gw_run_history (at);
+    CREATE INDEX gw_run_history_query_at ON gw_run_history (query, at);
+    -- The catalog's generation: bumped in the same transaction as every management change,
+    -- so it is the truth the fleet's bus only carries.
+    CREATE TABLE gw_catalog_state (
+        id          integer PRIMARY KEY DEFAULT 1 CHECK (id = 1),
+        generation  bigint NOT NULL
+    );
+    INSERT INTO gw_catalog_state (id, generation) VALUES (1, 0);
+    """,
+]
+
+_LOCK_ID = 0x6777_6669  # "gwfi": any constant shared by every process of the fleet
+
+
+def migrate(conn) -> int:
+    """Bring the store up to date; returns the schema version. Safe to call concurrently."""
+    old_autocommit = conn.autocommit
+    conn.autocommit = False
+    try:
+        with conn.cursor() as cur:
+            cur.execute("SELECT pg_advisory_xact_lock(%s)", (_LOCK_ID,))
+            cur.execute("""CREATE TABLE IF NOT EXISTS gw_schema_version (
+                               version integer PRIMARY KEY,
+                               applied_at timestamptz NOT NULL DEFAULT now())""")
+            cur.execute("SELECT coalesce(max(version), 0) FROM gw_schema_version")
+            current = cur.fetchone()[0]
+            for number, sql in enumerate(MIGRATIONS, start=1):
+                if number <= current:
+                    continue
+                cur.execute(sql)
+                cur.execute("INSERT INTO gw_schema_version (version) VALUES (%s)", (number,))
+                current = number
+        conn.commit()
+        return current
+    except BaseException:
+        conn.rollback()
+        raise
+    finally:
+        conn.autocommit = old_autocommit
