@@ -49,7 +49,9 @@ _HEARTBEAT = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 redis.call('HSET', KEYS[1], ARGV[1], now + tonumber(ARGV[2]))
-return now
+local live, alive = 0, redis.call('HVALS', KEYS[1])
+for i = 1, #alive do if tonumber(alive[i]) > now then live = live + 1 end end
+return live
 """
 # Which live workers have not yet acknowledged generation ARGV[1]; prunes long-dead entries.
 _PENDING = """
@@ -98,6 +100,7 @@ class RedisBus:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.connected = False
+        self.live_workers = 1      # seen on the last heartbeat; admission's fallback share
 
     # --- worker side -------------------------------------------------------------------
     def start(self, holder) -> None:
@@ -153,7 +156,7 @@ class RedisBus:
 
     def _ping(self, pubsub) -> float:
         sent = time.monotonic()
-        self._heartbeat(keys=[ALIVE], args=[self._worker, int(self._lease_s * 1000)])
+        self.live_workers = int(self._heartbeat(keys=[ALIVE], args=[self._worker, int(self._lease_s * 1000)]))
         pubsub.ping()
         return sent
 

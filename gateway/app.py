@@ -13,6 +13,7 @@ import orjson
 import psycopg2
 import psycopg2.pool
 
+from .admission import AdmitAll
 from .crypto import PasswordBox
 from .errors import GatewayError
 from .execution.runner import Pools
@@ -42,7 +43,8 @@ class GatewayApp(falcon.App):
 class Parts:
     """Everything one worker runs, in the order it is closed."""
 
-    def __init__(self, settings, holder, pools, history, sync, store_pool, manage):
+    def __init__(self, settings, holder, pools, history, sync, store_pool, manage, admission):
+        self.admission = admission
         self.settings = settings
         self.holder = holder
         self.pools = pools
@@ -52,6 +54,7 @@ class Parts:
         self.manage = manage
 
     def close(self) -> None:
+        self.admission.close()
         self.sync.close()
         self.history.close()
         self.pools.close()
@@ -76,7 +79,8 @@ def _on_gateway_error(req, resp, ex, params):
 def _on_http_error(req, resp, ex, params):
     status = ex.status_code
     message = ex.title if not ex.description else f"{ex.title}: {ex.description}"
-    _send_error(req, resp, GatewayError(status, _FALCON_CODES.get(status, "invalid_body"), message))
+    _send_error(req, resp, GatewayError(status, _FALCON_CODES.get(status, "invalid_body"), message,
+                                        headers=ex.headers))  # e.g. a 405's Allow
 
 
 def _on_unexpected(req, resp, ex, params):
@@ -97,6 +101,13 @@ def _make_sync(settings):
     from fleet.bus import RedisBus  # the fleet's implementation of gateway.sync.Sync
     return RedisBus(settings.redis_url, settings.freshness_lease_ms, settings.bus_ping_ms,
                     settings.sync_timeout_ms)
+
+
+def _make_admission(settings, sync):
+    if settings.admission == "off" or not settings.redis_url:
+        return AdmitAll()
+    from fleet.leases import LeasedAdmission  # the fleet's implementation of gateway.admission
+    return LeasedAdmission(settings.redis_url, settings, workers_hint=lambda: getattr(sync, "live_workers", 1))
 
 
 def create_app(settings: Settings | None = None, sync=None) -> GatewayApp:
@@ -123,6 +134,7 @@ def create_app(settings: Settings | None = None, sync=None) -> GatewayApp:
     store_pool = psycopg2.pool.ThreadedConnectionPool(0, 4, settings.database_url,
                                                       connect_timeout=settings.connect_timeout_s,
                                                       application_name="gateway-fleet-admin")
+    admission = _make_admission(settings, sync)
     manage = Management(settings, sync, box, store_pool)
 
     app = GatewayApp(media_type=falcon.MEDIA_JSON)
@@ -131,8 +143,9 @@ def create_app(settings: Settings | None = None, sync=None) -> GatewayApp:
     app.add_error_handler(falcon.HTTPError, _on_http_error)
     app.add_error_handler(GatewayError, _on_gateway_error)
 
-    app.add_route("/q/{name}", QueryResource(holder, pools, history, settings))
     admin = AdminCheck(settings.admin_key)
+    app.add_route("/q/{name}", QueryResource(holder, pools, history, settings, admission))
+    app.add_route("/api/v1/usage/quotas", management.QuotaUsage(admission, holder, admin))
     for path, resource in management.ROUTES:
         app.add_route(path, resource(manage, admin, settings))
     app.add_route("/health", Health())
@@ -140,7 +153,7 @@ def create_app(settings: Settings | None = None, sync=None) -> GatewayApp:
 
     sync.start(holder)
     history.start()
-    app.parts = Parts(settings, holder, pools, history, sync, store_pool, manage)
+    app.parts = Parts(settings, holder, pools, history, sync, store_pool, manage, admission)
     return app
 
 

@@ -12,6 +12,7 @@ from datetime import datetime
 
 import psycopg2.extras
 
+from .limits import Quota, Rate
 from .params import ParamBinder, compile_specs
 from .sqltext import PreparedText
 
@@ -98,7 +99,7 @@ class Query:
 
 class ApiKey:
     __slots__ = ("id", "name", "prefix", "digest", "queries", "connections", "expires_at", "active",
-                 "grants")
+                 "rate", "quota", "grants")
 
     def __init__(self, row: dict):
         grants = row["grants"] or {}
@@ -111,6 +112,9 @@ class ApiKey:
         expires: datetime | None = row["expires_at"]
         self.expires_at = expires.timestamp() if expires else None
         self.active = grants.get("active", True) is not False
+        self.rate = Rate.parse(grants["rate_limit"], grants.get("rate_limit_burst")) \
+            if grants.get("rate_limit") else None
+        self.quota = Quota.parse(grants["quota"]) if grants.get("quota") else None
         self.grants = grants
 
     def expired(self, now: float) -> bool:

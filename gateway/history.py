@@ -21,7 +21,8 @@ log = logging.getLogger("gateway.history")
 
 _COPY = ("COPY gw_run_history (at, request_id, key_id, query, version, status, code, "
          "row_count, duration_ms, worker) FROM STDIN")
-_ESCAPES = str.maketrans({"\\": "\\\\", "\t": "\\t", "\n": "\\n", "\r": "\\r"})
+_ESCAPES = str.maketrans({"\\": "\\\\", "\t": "\\t", "\n": "\\n", "\r": "\\r",
+                          "\x00": "\ufffd"})  # COPY refuses NUL: one would block every batch
 _NULL = "\\N"
 
 
@@ -90,7 +91,9 @@ class HistoryWriter:
             self._wake.clear()
             stopping = self._stop
             try:
-                conn = conn if conn is not None and not conn.closed else self._connect()
+                if conn is None or conn.closed:
+                    conn = self._connect()
+                    conn.autocommit = True  # one COPY is one transaction and one round trip
                 while self._queue:
                     self._write(conn)
             except psycopg2.Error:
@@ -110,7 +113,6 @@ class HistoryWriter:
             with conn.cursor() as cur:
                 clock = _Clock()
                 cur.copy_expert(_COPY, io.StringIO("".join([copy_line(clock, run) for run in batch])))
-            conn.commit()
         except psycopg2.Error:
             self._queue.extendleft(reversed(batch))  # keep them for the next try
             raise

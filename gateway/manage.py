@@ -17,13 +17,15 @@ import psycopg2.pool
 
 from . import crypto
 from .errors import GatewayError, bad_request, conflict, not_found, unavailable
+from .limits import Quota, Rate
 from .params import compile_specs
 from .sqltext import prepare_text
 
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 CONNECTION_FIELDS = {"name", "db", "host", "port", "database", "user", "password", "active", "options"}
 QUERY_FIELDS = {"name", "connection_name", "sql", "parameters", "publish", "description", "tags"}
-KEY_FIELDS = {"name", "queries", "connections", "expires_at", "active"}
+KEY_FIELDS = {"name", "queries", "connections", "expires_at", "active", "rate_limit", "rate_limit_burst",
+              "quota", "allow_writes"}
 
 
 def _iso(value):
@@ -340,10 +342,27 @@ class Management:
         for field in ("queries", "connections"):
             if field in body or base is None:
                 grants[field] = _str_list(body, field)
-        if "active" in body:
-            if not isinstance(body["active"], bool):
-                raise bad_request("invalid_body", "active must be true or false", errors={"active": "must be true or false"})
-            grants["active"] = body["active"]
+        for field in ("active", "allow_writes"):
+            if field in body:
+                if not isinstance(body[field], bool):
+                    raise bad_request("invalid_body", f"{field} must be true or false",
+                                      errors={field: "must be true or false"})
+                grants[field] = body[field]
+        if "rate_limit" in body or "rate_limit_burst" in body:
+            rate_text = body.get("rate_limit", grants.get("rate_limit"))
+            burst = body.get("rate_limit_burst", grants.get("rate_limit_burst"))
+            if rate_text is None:
+                grants.pop("rate_limit", None)
+                grants.pop("rate_limit_burst", None)
+            else:
+                Rate.parse(rate_text, burst)  # checked now, so the catalog never holds a bad one
+                grants["rate_limit"] = rate_text
+                grants["rate_limit_burst"] = burst
+        if "quota" in body:
+            if body["quota"] is None:
+                grants.pop("quota", None)
+            else:
+                grants["quota"] = Quota.parse(body["quota"]).to_doc()
         return grants
 
     def create_key(self, body: dict) -> dict:

@@ -199,6 +199,8 @@ def compile_specs(doc) -> list[ParamSpec]:
         if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]{0,62}", name):
             errors[name] = "is not a valid parameter name"
             continue
+        if isinstance(spec_doc, str):  # QueryAPIGate's short form: "aid": "int"
+            spec_doc = {"type": spec_doc}
         try:
             specs.append(ParamSpec(name, spec_doc))
         except ParamError as exc:

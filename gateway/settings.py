@@ -73,6 +73,21 @@ class Settings:
                                    "from the bus; past it, it reloads before serving.")
     bus_ping_ms: int = _doc(250, "Interval of the bus's keep-alive ping (renews the freshness lease).")
 
+    # --- admission (rate limits and quotas) -------------------------------------------------
+    admission: str = _doc("on", "`on`: rate limits and quotas are enforced across the fleet through "
+                          "Redis leases; `off`: nothing is limited (for benchmarks and debugging).")
+    rate_limit: str = _doc("", "Per client IP limit before authentication, `N/second|minute|hour|day`. "
+                           "Empty: none.")
+    rate_limit_burst: int = _doc(0, "Bucket size of `GATEWAY_RATE_LIMIT`. 0: the limit's N.")
+    trust_proxy: int = _doc(0, "How many `X-Forwarded-For` hops to believe for the client IP "
+                            "(1 behind one load balancer). 0: the socket's peer.")
+    lease_ms: int = _doc(100, "Longest a worker spends a lease of tokens or quota calls before "
+                         "handing back what is left (the L of the documented bound).")
+    lease_max: int = _doc(64, "Largest lease (tokens or calls) a worker takes in one Redis script.")
+    redis_timeout_ms: int = _doc(100, "Socket timeout of admission calls to Redis.")
+    redis_failure: str = _doc("open", "With Redis unreachable: `open` admits through a local limiter "
+                              "holding this worker's share of each limit; `closed` answers 503.")
+
     log_level: str = _doc("info", "Log level (`debug`, `info`, `warning`, `error`).")
 
     @classmethod
@@ -95,6 +110,12 @@ class Settings:
         if self.cpus in ("", "auto"):
             return available
         return parse_cpu_list(self.cpus)
+
+    def __post_init__(self):
+        if self.redis_failure not in ("open", "closed"):
+            raise SystemExit("GATEWAY_REDIS_FAILURE must be 'open' or 'closed'")
+        if self.admission not in ("on", "off"):
+            raise SystemExit("GATEWAY_ADMISSION must be 'on' or 'off'")
 
     def worker_count(self) -> int:
         if self.workers > 0:

@@ -12,6 +12,7 @@ import psycopg2.extensions
 
 from ..catalog import Connection, QueryVersion
 from ..errors import GatewayError, bad_request, forbidden, unavailable
+from .formats import unique_names
 from .pool import Session, SessionPool, session_options
 
 # NUMERIC as float, on data sessions only (the store keeps its own types).
@@ -93,7 +94,7 @@ def execute(pool: SessionPool, qv: QueryVersion, args: tuple, timeout_ms: int | 
             session.prepared.add(qv.statement)
         if cur.description is None:
             return Result((), [], cur.rowcount)
-        return Result(tuple(d.name for d in cur.description), cur.fetchall(), cur.rowcount)
+        return Result(tuple(unique_names(d.name for d in cur.description)), cur.fetchall(), cur.rowcount)
     except psycopg2.Error as exc:
         broken = _is_broken(exc)
         if preparing and not broken:
@@ -116,7 +117,7 @@ def stream(pool: SessionPool, qv: QueryVersion, args: dict, timeout_ms: int | No
         cur.itersize = fetch_rows
         cur.execute(qv.stream_sql, args)
         first = cur.fetchmany(fetch_rows)
-        columns = tuple(d.name for d in cur.description)
+        columns = tuple(unique_names(d.name for d in cur.description))
     except psycopg2.Error as exc:
         _end_stream(pool, session, _is_broken(exc))
         raise translate(exc) from None

@@ -88,14 +88,27 @@ def _split(raw: dict) -> tuple[dict, dict]:
     return {k: v for k, v in raw.items() if k not in RESERVED}, reserved
 
 
-class QueryResource:
-    __slots__ = ("_holder", "_pools", "_history", "_settings")
+def client_ip(env: dict, trusted_hops: int) -> str:
+    """The caller's address: the socket's peer, or the address ``trusted_hops`` proxies
+    back in ``X-Forwarded-For`` (entries further left are the client's to forge)."""
+    if trusted_hops:
+        forwarded = env.get("HTTP_X_FORWARDED_FOR")
+        if forwarded:
+            hops = forwarded.split(",")
+            return hops[-min(trusted_hops, len(hops))].strip()
+    return env.get("REMOTE_ADDR", "")
 
-    def __init__(self, holder, pools, history, settings):
+
+class QueryResource:
+    __slots__ = ("_holder", "_pools", "_history", "_settings", "_admission", "_hops")
+
+    def __init__(self, holder, pools, history, settings, admission):
         self._holder = holder
         self._pools = pools
         self._history = history
         self._settings = settings
+        self._admission = admission
+        self._hops = settings.trust_proxy
 
     def on_get(self, req, resp, name):
         params, reserved = _split(req.params)
@@ -121,10 +134,14 @@ class QueryResource:
         started = time.perf_counter()
         rid = request_id(req)
         key = qv = None
+        admission = self._admission
+        env = req.env
         try:
+            limits = admission.admit_ip(client_ip(env, self._hops))
             catalog = self._holder.current()
-            key = self._authenticate(req.env.get("HTTP_X_API_KEY"), catalog)
+            key = self._authenticate(env.get("HTTP_X_API_KEY"), catalog)
             qv = self._resolve(catalog, key, name, reserved.get("version"))
+            limits += admission.admit_key(key)
             args = CallArgs(reserved, self._settings)
             bound = qv.binder.bind(params, from_text)
             writable = qv.kind == "write"
@@ -136,6 +153,10 @@ class QueryResource:
             else:
                 rows = self._page(resp, pool, qv, bound, args)
             resp.set_header("X-Request-Id", rid)
+            for header, value in limits:
+                resp.set_header(header, value)
+            if rows:
+                admission.settle(key, rows)
             self._history.record(rid, key.id, qv.name, qv.version, 200, None, rows,
                                  (time.perf_counter() - started) * 1000)
         except GatewayError as exc:

@@ -128,6 +128,20 @@ class KeyRotate(_Admin):
         _send(resp, self.m.rotate_key(name), no_store=True)
 
 
+class QuotaUsage:
+    """``GET /api/v1/usage/quotas``: each key's quota and what the fleet used this period."""
+
+    def __init__(self, admission, holder, admin_check):
+        self._admission = admission
+        self._holder = holder
+        self._check = admin_check
+
+    def on_get(self, req, resp):
+        self._check(req)
+        keys = sorted(self._holder.current().keys.values(), key=lambda k: k.name)
+        _send(resp, {"items": self._admission.usage(keys)})
+
+
 ROUTES = [
     ("/api/v1/connections", Connections),
     ("/api/v1/connections/{name}", Connection),

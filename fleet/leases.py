@@ -1,0 +1,385 @@
+"""Shared rate limits and quotas, nearly free per call: pre-debited leases.
+
+A shared bucket lives in Redis (a token bucket on Redis server time for rate limits, a
+counter per period for quotas). A worker never asks Redis per call: it takes a *lease*
+of K tokens (or quota calls) in one atomic script, spends them locally under a per-bucket
+lock, and asks again only when the lease is spent or has expired.
+
+Guarantees (T any window, r the refill rate, b the burst, L = ``GATEWAY_LEASE_MS``):
+
+* Tokens are debited before they are spent and a lease is spent only within L of being
+  taken, so calls admitted in any window T were taken from the bucket within T + L:
+  **admitted(T) <= b + r * (T + L)**. Leftovers of an expired lease go back to the bucket
+  (capped at b), so they are not lost, and they were never spent.
+* Quotas: calls are debited before they are admitted, so the fleet **never admits more
+  than the quota's calls**; unused leased calls go back. K shrinks to a quarter of what is
+  left (down to 1) as a budget runs out, so the last calls spread over workers instead of
+  sitting in one worker's lease.
+* Rows settle after the call: a worker adds its rows to Redis on its next lease or within
+  ``GATEWAY_LEASE_MS`` (a flusher thread), and refuses once the rows it knows of reach the
+  quota. So rows can overshoot by at most the rows of calls already admitted and not yet
+  settled: (calls in flight + calls in the last L) x their row counts, fleet-wide.
+* K adapts per bucket: doubled when a lease is spent before it expires (up to
+  ``GATEWAY_LEASE_MAX``), halved when it expires with leftovers. A busy key costs about
+  one script per K calls per worker; an idle key costs nothing.
+
+Redis unreachable (``GATEWAY_REDIS_FAILURE``): ``open`` admits through a local token bucket
+per worker holding its share (1/W, W = live workers last seen on the bus) of each limit and
+quota; ``closed`` answers 503. Either way the worker counts and logs the fallback once,
+retries Redis every 250 ms, and returns to the shared buckets by itself.
+
+Every Redis key carries a hash tag per bucket (``gw:{rl:key:7}``), so each script touches
+one slot and runs on Redis Cluster; scripts are sent with EVALSHA and re-sent on NOSCRIPT
+(redis-py's ``Script`` does this).
+"""
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import time
+
+import redis
+
+from gateway.admission import quota_exceeded, rate_limited
+from gateway.errors import GatewayError
+from gateway.limits import Quota, Rate, quota_window
+
+log = logging.getLogger("fleet.leases")
+
+# KEYS[1]: bucket hash. ARGV: rate per ms, capacity, want, give back.
+# Returns {granted, tokens left (text: Lua numbers cross as integers), ms until 1 token}.
+_TAKE_TOKENS = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + tonumber(t[2]) / 1000
+local rate, cap = tonumber(ARGV[1]), tonumber(ARGV[2])
+local want, back = tonumber(ARGV[3]), tonumber(ARGV[4])
+local b = redis.call('HMGET', KEYS[1], 'tokens', 'ts')
+local tokens = tonumber(b[1]) or cap
+local ts = tonumber(b[2]) or now
+tokens = math.min(cap, tokens + math.max(0, now - ts) * rate + back)
+local grant = 0
+if tokens >= 1 and want > 0 then
+  grant = math.min(want, math.floor(tokens), math.max(1, math.floor(tokens / 4)))
+  tokens = tokens - grant
+end
+redis.call('HSET', KEYS[1], 'tokens', tostring(tokens), 'ts', tostring(now))
+redis.call('PEXPIRE', KEYS[1], math.ceil(cap / rate) + 60000)
+local wait = 0
+if tokens < 1 then wait = (1 - tokens) / rate end
+return {grant, tostring(tokens), tostring(wait)}
+"""
+
+# KEYS[1]: quota hash for one key and period. ARGV: calls limit (-1: none), want, give
+# back, rows to add, expire at (epoch s). Returns {granted, calls used, rows used}.
+_TAKE_CALLS = """
+local limit, want = tonumber(ARGV[1]), tonumber(ARGV[2])
+local back, rows = tonumber(ARGV[3]), tonumber(ARGV[4])
+local used = tonumber(redis.call('HGET', KEYS[1], 'calls') or '0') - back
+if used < 0 then used = 0 end
+local grant = 0
+if limit < 0 then
+  grant = want
+elseif used < limit and want > 0 then
+  local left = limit - used
+  grant = math.min(want, left, math.max(1, math.floor(left / 4)))
+end
+used = used + grant
+redis.call('HSET', KEYS[1], 'calls', used)
+local total_rows = redis.call('HINCRBY', KEYS[1], 'rows', rows)
+redis.call('EXPIREAT', KEYS[1], tonumber(ARGV[5]) + 86400)
+return {grant, used, total_rows}
+"""
+
+
+class _Lease:
+    """This worker's share of one shared bucket (rate limit or quota)."""
+
+    __slots__ = ("bucket", "rate", "lock", "tokens", "expires", "want", "empty_until", "shared", "reset_s",
+                 "rows_pending", "rows_used", "local_tokens", "local_ts", "period_end")
+
+    def __init__(self, bucket: str):
+        self.bucket = bucket       # the Redis key of the shared bucket
+        self.rate: Rate | None = None
+        self.lock = threading.Lock()
+        self.tokens = 0            # leased, not yet spent
+        self.expires = 0.0         # the lease is spent only before this (monotonic)
+        self.want = 1              # next lease size (adaptive)
+        self.empty_until = 0.0     # shared bucket known empty until (monotonic)
+        self.shared = 0.0          # tokens (or calls used) in Redis at the last lease
+        self.reset_s = 0           # for X-RateLimit-Reset
+        self.rows_pending = 0      # rows returned, not yet added in Redis
+        self.rows_used = 0         # rows in Redis at the last lease
+        self.local_tokens = None   # fallback bucket while Redis is unreachable
+        self.local_ts = 0.0
+        self.period_end = 0
+
+
+class LeasedAdmission:
+    def __init__(self, redis_url: str, settings, workers_hint=lambda: 1, clock=time.monotonic,
+                 wall=time.time):
+        self._redis = redis.Redis.from_url(redis_url, socket_timeout=settings.redis_timeout_ms / 1000,
+                                           socket_connect_timeout=settings.redis_timeout_ms / 1000)
+        self._take_tokens = self._redis.register_script(_TAKE_TOKENS)
+        self._take_calls = self._redis.register_script(_TAKE_CALLS)
+        self._lease_s = settings.lease_ms / 1000
+        self._lease_max = settings.lease_max
+        self._closed_on_failure = settings.redis_failure == "closed"
+        self._ip_rate = Rate.parse(settings.rate_limit, settings.rate_limit_burst, "GATEWAY_RATE_LIMIT") \
+            if settings.rate_limit else None
+        self._workers_hint = workers_hint
+        self._clock = clock
+        self._wall = wall
+        self._leases: dict = {}
+        self._leases_lock = threading.Lock()
+        self._down_until = 0.0
+        self.fallbacks = 0          # calls admitted or refused by the local fallback
+        self.redis_calls = 0
+        self._stop = threading.Event()
+        self._flusher = threading.Thread(target=self._flush_loop, name="gateway-leases", daemon=True)
+        self._flusher.start()
+
+    # --- the data plane's interface ---------------------------------------------------
+    def admit_ip(self, ip: str) -> tuple:
+        rate = self._ip_rate
+        if rate is None:
+            return ()
+        return self._spend_rate(self._lease(f"gw:{{rl:ip:{ip}}}"), rate, "this client")
+
+    def admit_key(self, key) -> tuple:
+        rate, quota = key.rate, key.quota
+        if rate is None and quota is None:
+            return ()
+        headers = ()
+        if rate is not None:
+            headers = self._spend_rate(self._lease(f"gw:{{rl:key:{key.id}}}"), rate, "this key")
+        if quota is not None:
+            headers += self._spend_quota(key, quota, headers)
+        return headers
+
+    def settle(self, key, rows: int) -> None:
+        quota = key.quota
+        if quota is None or quota.rows is None or not rows:
+            return
+        lease = self._quota_lease(key, quota)
+        with lease.lock:
+            lease.rows_pending += rows
+
+    # --- rate limits ------------------------------------------------------------------
+    def _lease(self, bucket: str) -> _Lease:
+        lease = self._leases.get(bucket)
+        if lease is None:
+            with self._leases_lock:
+                lease = self._leases.setdefault(bucket, _Lease(bucket))
+        return lease
+
+    def _spend_rate(self, lease: _Lease, rate: Rate, who: str) -> tuple:
+        now = self._clock()
+        with lease.lock:
+            lease.rate = rate
+            if lease.tokens > 0 and now < lease.expires:
+                lease.tokens -= 1
+                return self._rate_headers(lease, rate)
+            if now < lease.empty_until:
+                raise rate_limited(lease.empty_until - now, self._rate_headers(lease, rate), who)
+            if now < self._down_until:
+                return self._local_rate(lease, rate, now, who)
+            self._grow_or_shrink(lease, now)
+            back, lease.tokens = lease.tokens, 0
+            try:
+                grant, left, wait_ms = self._take_tokens(
+                    keys=[lease.bucket], args=[rate.per_s / 1000, rate.burst, lease.want, back])
+            except redis.RedisError as exc:
+                self._redis_down(exc)
+                return self._local_rate(lease, rate, now, who)
+            self.redis_calls += 1
+            lease.shared = float(left)
+            lease.reset_s = math.ceil((rate.burst - lease.shared) / rate.per_s)
+            if grant <= 0:
+                lease.empty_until = now + float(wait_ms) / 1000
+                raise rate_limited(float(wait_ms) / 1000, self._rate_headers(lease, rate), who)
+            lease.tokens = grant - 1
+            lease.expires = now + self._lease_s
+            return self._rate_headers(lease, rate)
+
+    def _grow_or_shrink(self, lease: _Lease, now: float) -> None:
+        if lease.tokens > 0:       # expired with leftovers: ask for less
+            lease.want = max(1, lease.want // 2)
+        elif lease.expires > now or lease.expires == 0.0 or now - lease.expires < self._lease_s:
+            lease.want = min(self._lease_max, lease.want * 2)
+
+    @staticmethod
+    def _rate_headers(lease: _Lease, rate: Rate) -> tuple:
+        return (("X-RateLimit-Limit", str(rate.limit)),
+                ("X-RateLimit-Remaining", str(int(lease.shared) + max(lease.tokens, 0))),
+                ("X-RateLimit-Reset", str(lease.reset_s)))
+
+    # --- quotas ---------------------------------------------------------------------
+    def _quota_lease(self, key, quota: Quota) -> _Lease:
+        period, end = quota_window(quota.per, self._wall())
+        lease = self._lease(f"gw:{{q:{key.id}}}:{period}")
+        lease.period_end = end
+        return lease
+
+    def _spend_quota(self, key, quota: Quota, rate_headers: tuple) -> tuple:
+        lease = self._quota_lease(key, quota)
+        now = self._clock()
+        reset_s = max(1, int(lease.period_end - self._wall()))
+        with lease.lock:
+            if quota.rows is not None and lease.rows_used + lease.rows_pending >= quota.rows:
+                raise quota_exceeded("rows", reset_s, rate_headers + self._quota_headers(lease, quota, reset_s))
+            if quota.calls is None:
+                return self._quota_headers(lease, quota, reset_s)
+            if lease.tokens > 0 and now < lease.expires:
+                lease.tokens -= 1
+                return self._quota_headers(lease, quota, reset_s)
+            if now < lease.empty_until:
+                raise quota_exceeded("calls", reset_s, rate_headers + self._quota_headers(lease, quota, reset_s))
+            if now < self._down_until:
+                return self._local_quota(lease, quota, reset_s, now)
+            self._grow_or_shrink(lease, now)
+            back, lease.tokens = lease.tokens, 0
+            rows, lease.rows_pending = lease.rows_pending, 0
+            try:
+                grant, used, rows_used = self._take_calls(
+                    keys=[lease.bucket], args=[quota.calls, lease.want, back, rows, lease.period_end])
+            except redis.RedisError as exc:
+                lease.rows_pending += rows
+                self._redis_down(exc)
+                return self._local_quota(lease, quota, reset_s, now)
+            self.redis_calls += 1
+            lease.shared, lease.rows_used = used, rows_used
+            if grant <= 0:
+                # Others may still hand back leftovers: look again after one lease length.
+                lease.empty_until = now + self._lease_s
+                raise quota_exceeded("calls", reset_s, rate_headers + self._quota_headers(lease, quota, reset_s))
+            lease.tokens = grant - 1
+            lease.expires = now + self._lease_s
+            return self._quota_headers(lease, quota, reset_s)
+
+    @staticmethod
+    def _quota_headers(lease: _Lease, quota: Quota, reset_s: int) -> tuple:
+        headers = (("X-Quota-Reset", str(reset_s)),)
+        if quota.calls is not None:
+            left = quota.calls - int(lease.shared) + max(lease.tokens, 0)
+            headers += (("X-Quota-Remaining-Calls", str(max(left, 0))),)
+        if quota.rows is not None:
+            headers += (("X-Quota-Remaining-Rows", str(max(quota.rows - lease.rows_used - lease.rows_pending, 0))),)
+        return headers
+
+    # --- Redis unreachable ------------------------------------------------------------
+    def _redis_down(self, exc) -> None:
+        if self._clock() >= self._down_until:
+            log.warning("admission: Redis unreachable (%s); %s for %.2fs", exc,
+                        "refusing" if self._closed_on_failure else "using local shares", 0.25)
+        self._down_until = self._clock() + 0.25
+
+    def _unavailable(self) -> GatewayError:
+        return GatewayError(503, "admission_unavailable", "shared limits are unreachable; retry shortly",
+                            headers={"Retry-After": "1"})
+
+    def _local_take(self, lease: _Lease, per_s: float, cap: float, now: float) -> float:
+        """A local token bucket at 1/W of the shared one; returns seconds until a token
+        (0 when one was taken)."""
+        workers = max(1, self._workers_hint())
+        per_s, cap = per_s / workers, max(1.0, cap / workers)
+        if lease.local_tokens is None:
+            lease.local_tokens, lease.local_ts = cap, now
+        lease.local_tokens = min(cap, lease.local_tokens + (now - lease.local_ts) * per_s)
+        lease.local_ts = now
+        if lease.local_tokens >= 1:
+            lease.local_tokens -= 1
+            return 0.0
+        return (1 - lease.local_tokens) / per_s if per_s > 0 else 3600.0
+
+    def _local_rate(self, lease: _Lease, rate: Rate, now: float, who: str) -> tuple:
+        self.fallbacks += 1
+        if self._closed_on_failure:
+            raise self._unavailable()
+        wait = self._local_take(lease, rate.per_s, rate.burst, now)
+        headers = (("X-RateLimit-Limit", str(rate.limit)),)
+        if wait:
+            raise rate_limited(wait, headers, who)
+        return headers
+
+    def _local_quota(self, lease: _Lease, quota: Quota, reset_s: int, now: float) -> tuple:
+        self.fallbacks += 1
+        if self._closed_on_failure:
+            raise self._unavailable()
+        # The worker's share of what was left when Redis was last seen, spent locally.
+        left = quota.calls - int(lease.shared)
+        if self._local_take(lease, 0.0, left, now):
+            raise quota_exceeded("calls", reset_s, ())
+        return (("X-Quota-Reset", str(reset_s)),)
+
+    # --- background: hand back expired leftovers, settle rows ---------------------------
+    def _flush_loop(self) -> None:
+        while not self._stop.wait(self._lease_s):
+            try:
+                self.flush()
+            except redis.RedisError as exc:
+                self._redis_down(exc)
+            except Exception:
+                log.exception("admission: flush failed")
+
+    def flush(self) -> None:
+        now = self._clock()
+        if now < self._down_until:
+            return
+        for lease in list(self._leases.values()):
+            if lease.rate is not None:
+                self._return_tokens(lease, now)
+            else:
+                self._settle_quota(lease, now)
+
+    def _return_tokens(self, lease: _Lease, now: float) -> None:
+        with lease.lock:
+            if lease.tokens <= 0 or now < lease.expires:
+                return
+            back, lease.tokens = lease.tokens, 0
+            lease.want = max(1, lease.want // 2)
+            rate = lease.rate
+        self._take_tokens(keys=[lease.bucket], args=[rate.per_s / 1000, rate.burst, 0, back])
+
+    def _settle_quota(self, lease: _Lease, now: float) -> None:
+        with lease.lock:
+            expired = lease.tokens > 0 and now >= lease.expires
+            if not (lease.rows_pending or expired):
+                if lease.period_end and self._wall() > lease.period_end + 60:
+                    self._leases.pop(lease.bucket, None)
+                return
+            back = lease.tokens if expired else 0
+            rows = lease.rows_pending
+            lease.tokens -= back
+            lease.rows_pending = 0
+        try:
+            _, used, rows_used = self._take_calls(keys=[lease.bucket], args=[-1, 0, back, rows, lease.period_end])
+        except redis.RedisError:
+            with lease.lock:
+                lease.rows_pending += rows
+                lease.tokens += back
+            raise
+        with lease.lock:
+            lease.shared, lease.rows_used = used, rows_used
+
+    # --- management: GET /api/v1/usage/quotas ---------------------------------------------
+    def usage(self, keys) -> list:
+        items = []
+        for key in keys:
+            if key.quota is None:
+                continue
+            period, end = quota_window(key.quota.per, self._wall())
+            calls, rows = self._redis.hmget(f"gw:{{q:{key.id}}}:{period}", "calls", "rows")
+            items.append({"key": key.name, "period": period, "resets_at": end, "quota": key.quota.to_doc(),
+                          "calls_used": int(calls or 0), "rows_used": int(rows or 0)})
+        return items
+
+    def close(self) -> None:
+        self._stop.set()
+        self._flusher.join(1)
+        try:
+            for lease in self._leases.values():
+                lease.expires = 0.0
+            self.flush()
+        except redis.RedisError:
+            pass
