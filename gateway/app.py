@@ -130,7 +130,8 @@ def create_app(settings: Settings | None = None, sync=None) -> GatewayApp:
     holder.reload()
     sync = sync or _make_sync(settings)
     history = HistoryWriter(connect, f"{os.uname().nodename}:{os.getpid()}", settings.history_batch,
-                            settings.history_flush_ms, settings.history_queue_max)
+                            settings.history_flush_ms, settings.history_queue_max,
+                            settings.history_retention_days)
     store_pool = psycopg2.pool.ThreadedConnectionPool(0, 4, settings.database_url,
                                                       connect_timeout=settings.connect_timeout_s,
                                                       application_name="gateway-fleet-admin")

@@ -60,6 +60,7 @@ CODES: dict[str, tuple[int, str]] = {
     "invalid_timeout": (400, "`timeout` is not a positive number of seconds."),
     "invalid_stream": (400, "`stream` is not a boolean, or asks to stream `json` (stream `csv` or `ndjson`)."),
     "invalid_version": (400, "`version` is not a positive integer."),
+    "invalid_filter": (400, "A filter of a management listing (`/api/v1/history`, `/api/v1/audit`) is unknown or malformed."),
     "invalid_sql": (400, "The saved SQL cannot be served: it does not parse, has more than one statement, an undeclared placeholder, or a statement kind that is refused."),
     "query_failed": (400, "The data database rejected the statement (a data error such as a bad cast, a missing table or a constraint)."),
     "unauthorized": (401, "No API key, an unknown key, or a wrong admin key."),

@@ -19,6 +19,8 @@ import psycopg2
 
 log = logging.getLogger("gateway.history")
 
+PRUNE_EVERY_S = 3600
+_PRUNE_LOCK = 0x6777_6670
 _COPY = ("COPY gw_run_history (at, request_id, key_id, query, version, status, code, "
          "row_count, duration_ms, worker) FROM STDIN")
 _ESCAPES = str.maketrans({"\\": "\\\\", "\t": "\\t", "\n": "\\n", "\r": "\\r",
@@ -58,9 +60,10 @@ def copy_line(clock: _Clock, run: tuple) -> str:
 
 class HistoryWriter:
     __slots__ = ("_connect", "_worker", "_batch", "_flush_s", "_max", "_queue", "_wake",
-                 "_stop", "_thread", "dropped", "written")
+                 "_stop", "_thread", "_retention_days", "_pruned_at", "dropped", "written")
 
-    def __init__(self, connect, worker: str, batch: int, flush_ms: int, queue_max: int):
+    def __init__(self, connect, worker: str, batch: int, flush_ms: int, queue_max: int,
+                 retention_days: int = 30):
         self._connect = connect
         self._worker = worker
         self._batch = batch
@@ -70,6 +73,8 @@ class HistoryWriter:
         self._wake = threading.Event()
         self._stop = False
         self._thread: threading.Thread | None = None
+        self._retention_days = retention_days
+        self._pruned_at = 0.0
         self.dropped = 0
         self.written = 0
 
@@ -96,6 +101,8 @@ class HistoryWriter:
                     conn.autocommit = True  # one COPY is one transaction and one round trip
                 while self._queue:
                     self._write(conn)
+                if self._retention_days and time.monotonic() - self._pruned_at > PRUNE_EVERY_S:
+                    self._prune(conn)
             except psycopg2.Error:
                 log.warning("history: store unreachable, %d runs waiting", len(self._queue))
                 conn = None
@@ -117,6 +124,21 @@ class HistoryWriter:
             self._queue.extendleft(reversed(batch))  # keep them for the next try
             raise
         self.written += len(batch)
+
+    def _prune(self, conn) -> None:
+        """Drop runs older than the retention; one worker of the fleet does it at a time."""
+        self._pruned_at = time.monotonic()
+        with conn.cursor() as cur:
+            cur.execute("SELECT pg_try_advisory_lock(%s)", (_PRUNE_LOCK,))
+            if not cur.fetchone()[0]:
+                return
+            try:
+                cur.execute("DELETE FROM gw_run_history WHERE at < now() - make_interval(days => %s)",
+                            (self._retention_days,))
+                if cur.rowcount:
+                    log.info("history: pruned %d runs older than %d days", cur.rowcount, self._retention_days)
+            finally:
+                cur.execute("SELECT pg_advisory_unlock(%s)", (_PRUNE_LOCK,))
 
     def close(self, timeout: float = 10.0) -> None:
         """Flush what is queued (graceful shutdown) and stop the thread."""

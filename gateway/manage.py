@@ -6,6 +6,7 @@ worker serves the old state. Shapes follow QueryAPIGate's Management API.
 """
 from __future__ import annotations
 
+import contextvars
 import re
 from contextlib import contextmanager
 from datetime import date, datetime, timezone
@@ -26,6 +27,65 @@ CONNECTION_FIELDS = {"name", "db", "host", "port", "database", "user", "password
 QUERY_FIELDS = {"name", "connection_name", "sql", "parameters", "publish", "description", "tags"}
 KEY_FIELDS = {"name", "queries", "connections", "expires_at", "active", "rate_limit", "rate_limit_burst",
               "quota", "allow_writes"}
+
+
+class Actor:
+    """Who is making a management change (set per request by the management resources)."""
+
+    __slots__ = ("name", "ip", "request_id")
+
+    def __init__(self, name: str = "system", ip: str | None = None, request_id: str | None = None):
+        self.name = name
+        self.ip = ip
+        self.request_id = request_id
+
+
+ACTOR: contextvars.ContextVar[Actor] = contextvars.ContextVar("gateway_actor", default=Actor())
+
+_SNAPSHOTS = {
+    "connection": "SELECT to_jsonb(c) - 'password' || jsonb_build_object('password_set', c.password IS NOT NULL) "
+                  "FROM gw_connections c WHERE c.name = %s",
+    "query": "SELECT to_jsonb(q) || jsonb_build_object('versions', (SELECT jsonb_agg(jsonb_build_object("
+             "'version', v.version, 'sql', v.sql, 'parameters', v.parameters, 'published_at', v.published_at) "
+             "ORDER BY v.version) FROM gw_query_versions v WHERE v.query_id = q.id)) FROM gw_queries q WHERE q.name = %s",
+    "key": "SELECT to_jsonb(k) - 'secret_hash' FROM gw_api_keys k WHERE k.name = %s",
+}
+
+
+def _snapshot(cur, kind: str, name: str):
+    """The object as the audit log shows it: secrets never included."""
+    cur.execute(_SNAPSHOTS[kind], (name,))
+    row = cur.fetchone()
+    return None if row is None else next(iter(row.values()))
+
+
+def _filters(args: dict, allowed: dict[str, str]) -> tuple[str, list]:
+    unknown = set(args) - set(allowed) - {"limit"}
+    if unknown:
+        raise bad_request("invalid_filter", f"unknown filter(s): {', '.join(sorted(unknown))}")
+    clauses, values = [], []
+    for name, clause in allowed.items():
+        if name in args:
+            value = args[name]
+            if isinstance(value, list):
+                raise bad_request("invalid_filter", f"{name} was given more than once")
+            if name in ("since", "until"):
+                try:
+                    value = datetime.fromisoformat(value)
+                except ValueError:
+                    raise bad_request("invalid_filter", f"{name} must be an ISO 8601 datetime") from None
+            if name == "status" and not value.isdigit():
+                raise bad_request("invalid_filter", "status must be an HTTP status code")
+            clauses.append(clause)
+            values.append(value)
+    return ("WHERE " + " AND ".join(clauses)) if clauses else "", values
+
+
+def _limit(args: dict) -> int:
+    raw = args.get("limit", "100")
+    if not isinstance(raw, str) or not raw.isdigit() or not 1 <= int(raw) <= 10_000:
+        raise bad_request("invalid_filter", "limit must be an integer from 1 to 10000")
+    return int(raw)
 
 
 def _iso(value):
@@ -101,12 +161,20 @@ class Management:
             self._pool.putconn(conn, close=broken or bool(conn.closed))
 
     @contextmanager
-    def _change(self):
-        """A write transaction that bumps the generation; announces after the commit."""
+    def _change(self, action: str, kind: str, name: str):
+        """A write transaction that bumps the generation and records the audit entry (who,
+        what, before, after) in the same commit; announces to the fleet after it."""
         with self._cursor() as cur:
+            before = _snapshot(cur, kind, name)
             yield cur
+            after = _snapshot(cur, kind, name)
             cur.execute("UPDATE gw_catalog_state SET generation = generation + 1 RETURNING generation")
             generation = cur.fetchone()["generation"]
+            who = ACTOR.get()
+            cur.execute("INSERT INTO gw_audit (actor, client_ip, request_id, action, kind, name, before, after, "
+                        "generation) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s)",
+                        (who.name, who.ip, who.request_id, action, kind, name,
+                         psycopg2.extras.Json(before), psycopg2.extras.Json(after), generation))
         self.last_sync = self._sync.announce(generation)
 
     # --- connections -------------------------------------------------------------------
@@ -154,7 +222,7 @@ class Management:
         values["name"] = name
         cols = ", ".join(values)
         try:
-            with self._change() as cur:
+            with self._change("create", "connection", name) as cur:
                 cur.execute(f"INSERT INTO gw_connections ({cols}) VALUES ({', '.join(['%s'] * len(values))})",
                             list(values.values()))
         except psycopg2.errors.UniqueViolation:
@@ -169,7 +237,7 @@ class Management:
         if not values:
             return self.get_connection(name)
         sets = ", ".join(f"{c} = %s" for c in values)
-        with self._change() as cur:
+        with self._change("update", "connection", name) as cur:
             cur.execute(f"UPDATE gw_connections SET {sets}, updated_at = now() WHERE name = %s",
                         [*values.values(), name])
             if cur.rowcount == 0:
@@ -178,7 +246,7 @@ class Management:
 
     def delete_connection(self, name: str) -> None:
         try:
-            with self._change() as cur:
+            with self._change("delete", "connection", name) as cur:
                 cur.execute("DELETE FROM gw_connections WHERE name = %s", (name,))
                 if cur.rowcount == 0:
                     raise not_found("connection_not_found", f"connection '{name}' not found")
@@ -241,7 +309,7 @@ class Management:
     def create_query(self, body: dict) -> dict:
         name = _name(body, "query")
         try:
-            with self._change() as cur:
+            with self._change("create", "query", name) as cur:
                 values = self._version_values(cur, body, name)
                 cur.execute("INSERT INTO gw_queries (name) VALUES (%s) RETURNING id", (name,))
                 self._insert_version(cur, cur.fetchone()["id"], 1, values, body.get("publish") is True)
@@ -253,7 +321,7 @@ class Management:
         body = dict(body)
         if body.setdefault("name", name) != name:
             raise bad_request("invalid_body", "the body's name differs from the URL's", errors={"name": "must match"})
-        with self._change() as cur:
+        with self._change("add_version", "query", name) as cur:
             query = self._query_row(cur, name, lock=True)
             cur.execute("SELECT max(version) AS v FROM gw_query_versions WHERE query_id = %s", (query["id"],))
             self._insert_version(cur, query["id"], cur.fetchone()["v"] + 1,
@@ -262,7 +330,7 @@ class Management:
 
     def publish(self, name: str, body: dict) -> dict:
         version = body.get("version")
-        with self._change() as cur:
+        with self._change("publish", "query", name) as cur:
             query = self._query_row(cur, name, lock=True)
             if version is None:
                 cur.execute("SELECT max(version) AS v FROM gw_query_versions WHERE query_id = %s", (query["id"],))
@@ -278,14 +346,14 @@ class Management:
         return self.get_query(name)
 
     def unpublish(self, name: str) -> dict:
-        with self._change() as cur:
+        with self._change("unpublish", "query", name) as cur:
             query = self._query_row(cur, name, lock=True)
             cur.execute("UPDATE gw_queries SET published_version = NULL, updated_at = now() WHERE id = %s",
                         (query["id"],))
         return self.get_query(name)
 
     def delete_query(self, name: str) -> None:
-        with self._change() as cur:
+        with self._change("delete", "query", name) as cur:
             cur.execute("DELETE FROM gw_queries WHERE name = %s", (name,))
             if cur.rowcount == 0:
                 raise not_found("query_not_found", f"query '{name}' not found")
@@ -336,6 +404,26 @@ class Management:
                 by_query.setdefault(v["query_id"], []).append(v)
         return {"items": [self._query_doc(q, by_query.get(q["id"], []), detail=False) for q in queries]}
 
+    # --- audit and run history (read only) ---------------------------------------------
+    def audit(self, args: dict) -> dict:
+        where, values = _filters(args, {"kind": "kind = %s", "name": "name = %s", "action": "action = %s",
+                                        "since": "at >= %s", "until": "at < %s"})
+        with self._cursor() as cur:
+            cur.execute(f"SELECT * FROM gw_audit {where} ORDER BY id DESC LIMIT %s", values + [_limit(args)])
+            rows = cur.fetchall()
+        return {"items": [dict(r, at=_iso(r["at"])) for r in rows]}
+
+    def history(self, args: dict) -> dict:
+        where, values = _filters(args, {"query": "h.query = %s", "key": "k.name = %s", "status": "h.status = %s",
+                                        "code": "h.code = %s", "since": "h.at >= %s", "until": "h.at < %s"})
+        with self._cursor() as cur:
+            cur.execute("SELECT h.id, h.at, h.request_id, k.name AS key, h.query, h.version, h.status, h.code, "
+                        "h.row_count, h.duration_ms, h.worker FROM gw_run_history h "
+                        f"LEFT JOIN gw_api_keys k ON k.id = h.key_id {where} ORDER BY h.id DESC LIMIT %s",
+                        values + [_limit(args)])
+            rows = cur.fetchall()
+        return {"items": [dict(r, at=_iso(r["at"])) for r in rows]}
+
     # --- API keys ----------------------------------------------------------------------
     def _grants(self, body: dict, base: dict | None = None) -> dict:
         grants = dict(base or {})
@@ -371,7 +459,7 @@ class Management:
         grants = self._grants(body)
         secret, prefix = crypto.new_api_secret()
         try:
-            with self._change() as cur:
+            with self._change("create", "key", name) as cur:
                 cur.execute("INSERT INTO gw_api_keys (name, prefix, secret_hash, grants, expires_at) "
                             "VALUES (%s, %s, %s, %s, %s)",
                             (name, prefix, crypto.digest(secret), psycopg2.extras.Json(grants), _expires(body)))
@@ -383,7 +471,7 @@ class Management:
         _require_fields(body, KEY_FIELDS)
         if body.get("name", name) != name:
             raise bad_request("invalid_body", "a key cannot be renamed", errors={"name": "cannot change"})
-        with self._change() as cur:
+        with self._change("update", "key", name) as cur:
             row = self._key_row(cur, name, lock=True)
             grants = self._grants(body, base=row["grants"])
             expires = _expires(body) if "expires_at" in body else row["expires_at"]
@@ -393,14 +481,14 @@ class Management:
 
     def rotate_key(self, name: str) -> dict:
         secret, prefix = crypto.new_api_secret()
-        with self._change() as cur:
+        with self._change("rotate", "key", name) as cur:
             row = self._key_row(cur, name, lock=True)
             cur.execute("UPDATE gw_api_keys SET prefix = %s, secret_hash = %s, rotated_at = now() WHERE id = %s",
                         (prefix, crypto.digest(secret), row["id"]))
         return dict(self.get_key(name), secret=secret)
 
     def delete_key(self, name: str) -> None:
-        with self._change() as cur:
+        with self._change("delete", "key", name) as cur:
             cur.execute("DELETE FROM gw_api_keys WHERE name = %s", (name,))
             if cur.rowcount == 0:
                 raise not_found("key_not_found", f"API key '{name}' not found")

@@ -65,6 +65,8 @@ class Settings:
     history_flush_ms: int = _doc(200, "Longest a run waits in memory before its batch is written.")
     history_queue_max: int = _doc(100_000, "Bound of the in-memory history queue; beyond it runs "
                                   "are dropped and counted.")
+    history_retention_days: int = _doc(30, "Runs older than this are deleted (hourly, by one worker). "
+                                       "0: keep everything.")
 
     # --- fleet ---------------------------------------------------------------------------
     sync_timeout_ms: int = _doc(2000, "Longest a management call waits for every live worker "

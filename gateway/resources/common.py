@@ -27,6 +27,17 @@ def reset_prefix() -> None:
     _PREFIX = os.urandom(4).hex()
 
 
+def client_ip(env: dict, trusted_hops: int) -> str:
+    """The caller's address: the socket's peer, or the address ``trusted_hops`` proxies
+    back in ``X-Forwarded-For`` (entries further left are the client's to forge)."""
+    if trusted_hops:
+        forwarded = env.get("HTTP_X_FORWARDED_FOR")
+        if forwarded:
+            hops = forwarded.split(",")
+            return hops[-min(trusted_hops, len(hops))].strip()
+    return env.get("REMOTE_ADDR", "")
+
+
 def read_json(req, max_bytes: int) -> dict:
     length = req.content_length
     if length is not None and length > max_bytes:

@@ -15,7 +15,7 @@ from .. import crypto
 from ..errors import GatewayError, bad_request, forbidden, not_found, unauthorized
 from ..execution import runner
 from ..execution.formats import CONTENT_TYPES, FORMATS, RENDERERS, STREAM_FORMATS, stream_chunks
-from .common import read_json, request_id
+from .common import client_ip, read_json, request_id
 
 RESERVED = frozenset(("format", "page", "page_size", "version", "timeout", "stream"))
 _TRUE = ("1", "true", "yes", "on")
@@ -86,17 +86,6 @@ def _split(raw: dict) -> tuple[dict, dict]:
     if not reserved:
         return raw, reserved
     return {k: v for k, v in raw.items() if k not in RESERVED}, reserved
-
-
-def client_ip(env: dict, trusted_hops: int) -> str:
-    """The caller's address: the socket's peer, or the address ``trusted_hops`` proxies
-    back in ``X-Forwarded-For`` (entries further left are the client's to forge)."""
-    if trusted_hops:
-        forwarded = env.get("HTTP_X_FORWARDED_FOR")
-        if forwarded:
-            hops = forwarded.split(",")
-            return hops[-min(trusted_hops, len(hops))].strip()
-    return env.get("REMOTE_ADDR", "")
 
 
 class QueryResource:

@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import orjson
 
-from .common import read_json
+from ..manage import ACTOR, Actor
+from .common import client_ip, read_json, request_id
 
 
 def _send(resp, doc, status: int = 200, no_store: bool = False) -> None:
@@ -19,12 +20,14 @@ class _Admin:
         self.m = manage
         self._check = admin_check
         self._max = settings.max_body_bytes
+        self._hops = settings.trust_proxy
 
     def body(self, req) -> dict:
         return read_json(req, self._max)
 
     def process(self, req) -> None:
         self._check(req)
+        ACTOR.set(Actor("admin", client_ip(req.env, self._hops), request_id(req)))
 
 
 def _guarded(cls):
@@ -128,6 +131,18 @@ class KeyRotate(_Admin):
         _send(resp, self.m.rotate_key(name), no_store=True)
 
 
+@_guarded
+class Audit(_Admin):
+    def on_get(self, req, resp):
+        _send(resp, self.m.audit(req.params))
+
+
+@_guarded
+class History(_Admin):
+    def on_get(self, req, resp):
+        _send(resp, self.m.history(req.params))
+
+
 class QuotaUsage:
     """``GET /api/v1/usage/quotas``: each key's quota and what the fleet used this period."""
 
@@ -153,4 +168,6 @@ ROUTES = [
     ("/api/v1/api-keys", Keys),
     ("/api/v1/api-keys/{name}", Key),
     ("/api/v1/api-keys/{name}/rotate", KeyRotate),
+    ("/api/v1/audit", Audit),
+    ("/api/v1/history", History),
 ]

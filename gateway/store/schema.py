@@ -77,6 +77,24 @@ MIGRATIONS: list[str] = [
     );
     INSERT INTO gw_catalog_state (id, generation) VALUES (1, 0);
     """,
+    # 2: the audit log of management changes
+    """
+    CREATE TABLE gw_audit (
+        id          bigserial PRIMARY KEY,
+        at          timestamptz NOT NULL DEFAULT now(),
+        actor       text NOT NULL,
+        client_ip   text,
+        request_id  text,
+        action      text NOT NULL,
+        kind        text NOT NULL,
+        name        text NOT NULL,
+        before      jsonb,
+        after       jsonb,
+        generation  bigint NOT NULL
+    );
+    CREATE INDEX gw_audit_at ON gw_audit (at);
+    CREATE INDEX gw_audit_kind_name ON gw_audit (kind, name, at);
+    """,
 ]
 
 _LOCK_ID = 0x6777_6669  # "gwfi": any constant shared by every process of the fleet
