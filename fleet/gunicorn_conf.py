@@ -13,6 +13,7 @@ a worker holds hundreds of connections with a handful of threads, and it needs n
 dependency (docs/bench/ has the measurement against sync).
 """
 import os
+import shutil
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -39,6 +40,13 @@ worker_tmp_dir = "/dev/shm" if os.path.isdir("/dev/shm") else None
 _run_dir = os.path.join(os.path.abspath(_settings.home), "run")
 os.makedirs(_run_dir, exist_ok=True)
 control_socket = os.path.join(_run_dir, f"gunicorn-{_settings.instance or os.getpid()}.ctl")
+# Metrics of every worker of this master, aggregated at scrape time (gateway/observe.py).
+if not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+    _metrics_dir = os.path.join(_run_dir, f"metrics-{_settings.instance or os.getpid()}")
+    shutil.rmtree(_metrics_dir, ignore_errors=True)
+    os.makedirs(_metrics_dir)
+    os.environ["PROMETHEUS_MULTIPROC_DIR"] = _metrics_dir
+# The access log is written by each worker's history thread, off the hot path.
 accesslog = None
 loglevel = _settings.log_level
 proc_name = f"gateway-fleet{'-' + _settings.instance if _settings.instance else ''}"
@@ -62,6 +70,19 @@ def post_fork(server, worker):
     if cpu is not None:
         os.sched_setaffinity(0, {cpu})
         server.log.info("worker %s pinned to cpu %s", worker.pid, cpu)
+
+
+def post_worker_init(worker):
+    """/ready answers 503 from the moment this worker starts draining (SIGTERM, reload)."""
+    parts = getattr(worker.wsgi, "parts", None)
+    if parts is not None:
+        parts.ready.draining = lambda: not worker.alive
+
+
+def child_exit(server, worker):
+    from prometheus_client import multiprocess
+
+    multiprocess.mark_process_dead(worker.pid)
 
 
 def worker_exit(server, worker):

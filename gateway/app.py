@@ -19,6 +19,7 @@ from .errors import GatewayError
 from .execution.runner import Pools
 from .history import HistoryWriter
 from .manage import Management
+from .observe import AccessLog, Metrics, MetricsResource, setup_logging
 from .resources import management
 from .resources.common import AdminCheck, request_id
 from .resources.data import QueryResource
@@ -43,8 +44,9 @@ class GatewayApp(falcon.App):
 class Parts:
     """Everything one worker runs, in the order it is closed."""
 
-    def __init__(self, settings, holder, pools, history, sync, store_pool, manage, admission):
+    def __init__(self, settings, holder, pools, history, sync, store_pool, manage, admission, log_listener):
         self.admission = admission
+        self.log_listener = log_listener
         self.settings = settings
         self.holder = holder
         self.pools = pools
@@ -60,6 +62,7 @@ class Parts:
         self.pools.close()
         self.holder.close()
         self.store_pool.closeall()
+        self.log_listener.stop()
 
 
 def _send_error(req, resp, error: GatewayError) -> None:
@@ -112,8 +115,7 @@ def _make_admission(settings, sync):
 
 def create_app(settings: Settings | None = None, sync=None) -> GatewayApp:
     settings = settings or Settings.from_env()
-    logging.basicConfig(level=settings.log_level.upper(),
-                        format='{"at":"%(asctime)s","level":"%(levelname)s","logger":"%(name)s","msg":"%(message)s"}')
+    log_listener = setup_logging(settings.log_level)
     if not settings.database_url:
         raise SystemExit("GATEWAY_DATABASE_URL is not set: start through `fleet up`, or through "
                          "`gunicorn -c fleet/gunicorn_conf.py`, which starts the embedded default")
@@ -136,6 +138,13 @@ def create_app(settings: Settings | None = None, sync=None) -> GatewayApp:
                                                       connect_timeout=settings.connect_timeout_s,
                                                       application_name="gateway-fleet-admin")
     admission = _make_admission(settings, sync)
+    metrics = Metrics({"queue_depth": history.depth, "dropped": lambda: history.dropped,
+                       "generation": lambda: holder.catalog.generation, "reloads": lambda: holder.reloads,
+                       "pool_sessions": pools.open_sessions, "fallbacks": lambda: getattr(admission, "fallbacks", 0),
+                       "bus_connected": lambda: getattr(sync, "connected", True)})
+    history.add_observer(metrics)
+    if settings.access_log:
+        history.add_observer(AccessLog(settings.access_log_sample))
     manage = Management(settings, sync, box, store_pool)
 
     app = GatewayApp(media_type=falcon.MEDIA_JSON)
@@ -150,11 +159,14 @@ def create_app(settings: Settings | None = None, sync=None) -> GatewayApp:
     for path, resource in management.ROUTES:
         app.add_route(path, resource(manage, admin, settings))
     app.add_route("/health", Health())
-    app.add_route("/ready", Ready(lambda: _store_reachable(store_pool), sync))
+    app.add_route("/metrics", MetricsResource(metrics, settings.metrics_token))
+    ready = Ready(lambda: _store_reachable(store_pool), sync)
+    app.add_route("/ready", ready)
 
     sync.start(holder)
     history.start()
-    app.parts = Parts(settings, holder, pools, history, sync, store_pool, manage, admission)
+    app.parts = Parts(settings, holder, pools, history, sync, store_pool, manage, admission, log_listener)
+    app.parts.ready = ready
     return app
 
 

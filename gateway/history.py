@@ -59,11 +59,16 @@ def copy_line(clock: _Clock, run: tuple) -> str:
 
 
 class HistoryWriter:
-    __slots__ = ("_connect", "_worker", "_batch", "_flush_s", "_max", "_queue", "_wake",
-                 "_stop", "_thread", "_retention_days", "_pruned_at", "dropped", "written")
+    """The run stream of one worker. Request threads only ``record``; the thread hands each
+    batch once to the observers (metrics, access log, live events: all off the hot path)
+    and then stores it, retrying the store alone while it is unreachable."""
+
+    __slots__ = ("_connect", "_worker", "_batch", "_flush_s", "_max", "_queue", "_wake", "_stop",
+                 "_thread", "_retention_days", "_pruned_at", "_observers", "_unstored", "dropped",
+                 "written")
 
     def __init__(self, connect, worker: str, batch: int, flush_ms: int, queue_max: int,
-                 retention_days: int = 30):
+                 retention_days: int = 30, observers=()):
         self._connect = connect
         self._worker = worker
         self._batch = batch
@@ -75,6 +80,8 @@ class HistoryWriter:
         self._thread: threading.Thread | None = None
         self._retention_days = retention_days
         self._pruned_at = 0.0
+        self._observers = list(observers)
+        self._unstored: collections.deque[list] = collections.deque()
         self.dropped = 0
         self.written = 0
 
@@ -84,6 +91,12 @@ class HistoryWriter:
             return
         self._queue.append((time.time(), request_id, key_id, query, version, status, code, rows,
                             duration_ms, self._worker))
+
+    def depth(self) -> int:
+        return len(self._queue) + sum(map(len, self._unstored))
+
+    def add_observer(self, observer) -> None:
+        self._observers.append(observer)
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name="gateway-history", daemon=True)
@@ -95,35 +108,48 @@ class HistoryWriter:
             self._wake.wait(self._flush_s)
             self._wake.clear()
             stopping = self._stop
+            self._drain()
+            for observer in self._observers:
+                tick = getattr(observer, "tick", None)
+                if tick is not None:
+                    tick()
             try:
                 if conn is None or conn.closed:
                     conn = self._connect()
                     conn.autocommit = True  # one COPY is one transaction and one round trip
-                while self._queue:
-                    self._write(conn)
+                while self._unstored:
+                    self._store(conn, self._unstored[0])
+                    self.written += len(self._unstored.popleft())
                 if self._retention_days and time.monotonic() - self._pruned_at > PRUNE_EVERY_S:
                     self._prune(conn)
             except psycopg2.Error:
-                log.warning("history: store unreachable, %d runs waiting", len(self._queue))
+                log.warning("history: store unreachable, %d runs waiting", self.depth())
                 conn = None
                 if stopping:
                     return
-                time.sleep(1)
+                self._wake.wait(1)
             if stopping:
                 return
 
-    def _write(self, conn) -> None:
-        batch = []
-        while self._queue and len(batch) < self._batch:
-            batch.append(self._queue.popleft())
-        try:
-            with conn.cursor() as cur:
-                clock = _Clock()
-                cur.copy_expert(_COPY, io.StringIO("".join([copy_line(clock, run) for run in batch])))
-        except psycopg2.Error:
-            self._queue.extendleft(reversed(batch))  # keep them for the next try
-            raise
-        self.written += len(batch)
+    def _drain(self) -> None:
+        while self._queue:
+            batch = []
+            while self._queue and len(batch) < self._batch:
+                batch.append(self._queue.popleft())
+            for observer in self._observers:
+                try:
+                    observer(batch)
+                except Exception:
+                    log.exception("history: an observer failed")
+            self._unstored.append(batch)
+        while self._unstored and sum(map(len, self._unstored)) > self._max:
+            self.dropped += len(self._unstored.popleft())  # the store has been down too long
+
+    @staticmethod
+    def _store(conn, batch) -> None:
+        with conn.cursor() as cur:
+            clock = _Clock()
+            cur.copy_expert(_COPY, io.StringIO("".join([copy_line(clock, run) for run in batch])))
 
     def _prune(self, conn) -> None:
         """Drop runs older than the retention; one worker of the fleet does it at a time."""

@@ -91,6 +91,10 @@ class Settings:
                               "holding this worker's share of each limit; `closed` answers 503.")
 
     log_level: str = _doc("info", "Log level (`debug`, `info`, `warning`, `error`).")
+    access_log: bool = _doc(True, "JSON access log of data-plane calls, written by the history thread "
+                            "(never by a request thread).")
+    access_log_sample: float = _doc(1.0, "Share of calls written to the access log (0 to 1).")
+    metrics_token: str = _doc("", "When set, `GET /metrics` needs `Authorization: Bearer <token>`.")
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides) -> "Settings":
@@ -148,8 +152,10 @@ def _coerce(f, raw: str):
             return raw.strip().lower() in ("1", "true", "yes", "on")
         if isinstance(default, int):
             return int(raw)
+        if isinstance(default, float):
+            return float(raw)
     except ValueError:
-        raise SystemExit(f"{PREFIX}{f.name.upper()} must be an integer, got {raw!r}") from None
+        raise SystemExit(f"{PREFIX}{f.name.upper()} must be a number, got {raw!r}") from None
     return raw
 
 

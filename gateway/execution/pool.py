@@ -65,6 +65,10 @@ class SessionPool:
             self._configure(conn)
         return Session(conn)
 
+    @property
+    def open_count(self) -> int:
+        return self._open
+
     def release(self, session: Session, broken: bool = False) -> None:
         if not broken and session.conn.closed == 0 and \
                 session.conn.info.transaction_status == psycopg2.extensions.TRANSACTION_STATUS_IDLE:

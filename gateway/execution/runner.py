@@ -61,6 +61,9 @@ class Pools:
                 "application_name": "gateway-fleet",
                 "options": session_options(self._settings.statement_timeout_ms, read_only=not writable)}
 
+    def open_sessions(self) -> int:
+        return sum(pool.open_count for pool in list(self._pools.values()))
+
     def retire_unused(self, connections) -> None:
         """After a reload: close pools whose connection was changed or deleted."""
         live = {c.identity for c in connections}

@@ -45,7 +45,12 @@ def read_json(req, max_bytes: int) -> dict:
     ctype = (req.content_type or "application/json").split(";", 1)[0].strip().lower()
     if ctype != "application/json":
         raise GatewayError(415, "unsupported_media_type", "the body must be application/json")
-    raw = req.bounded_stream.read(max_bytes + 1)
+    if length is None and req.env.get("wsgi.input_terminated"):
+        # A chunked body has no Content-Length (bounded_stream would read nothing); the
+        # server marks where it ends, so read it up to the limit.
+        raw = req.stream.read(max_bytes + 1)
+    else:
+        raw = req.bounded_stream.read(max_bytes + 1)
     if len(raw) > max_bytes:
         raise GatewayError(413, "payload_too_large", f"the body is larger than {max_bytes} bytes")
     if not raw.strip():

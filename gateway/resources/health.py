@@ -13,11 +13,21 @@ class Health:
 
 
 class Ready:
+    """Not ready while draining (gunicorn sets ``draining`` in ``post_worker_init``), so a
+    load balancer stops sending before the worker goes away."""
+
     def __init__(self, store_check, sync):
         self._store_check = store_check
         self._sync = sync
+        self.draining = lambda: False
 
     def on_get(self, req, resp):
+        if self.draining():
+            resp.status = 503
+            resp.data = orjson.dumps({"status": "draining", "checks": {}})
+            resp.content_type = "application/json"
+            resp.set_header("Connection", "close")
+            return
         checks = {"store": self._store_check(), "redis": self._sync.ready()}
         ok = all(checks.values())
         resp.status = 200 if ok else 503

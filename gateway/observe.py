@@ -1,0 +1,156 @@
+"""Metrics and logs, kept off the hot path.
+
+Both are derived from the run stream (``gateway.history``): a request thread only appends
+its run to the worker's queue; the history thread hands each batch to the metrics and to
+the access log. So a request never takes a logging lock or a metrics lock.
+
+* Logs are JSON lines, written by one listener thread (``QueueHandler`` in front), so no
+  lock is shared by request threads. The access log is sampled (``GATEWAY_ACCESS_LOG_SAMPLE``).
+* Metrics use prometheus-client's multiprocess mode when ``PROMETHEUS_MULTIPROC_DIR`` is
+  set (``fleet/gunicorn_conf.py`` sets one folder per master), so one scrape of any
+  worker sees every worker of its master. Counters lag the calls by at most one history
+  flush interval.
+"""
+from __future__ import annotations
+
+import logging
+import logging.handlers
+import os
+import queue
+import random
+import sys
+from datetime import datetime, timezone
+
+import orjson
+
+BUCKETS = (0.0005, 0.001, 0.002, 0.004, 0.008, 0.016, 0.032, 0.064, 0.128, 0.256, 0.512, 1.0, 2.0, 5.0, 10.0, 30.0)
+
+
+class JsonFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        if getattr(record, "preformatted", False):
+            return record.getMessage()
+        doc = {"at": datetime.fromtimestamp(record.created, timezone.utc).isoformat(timespec="milliseconds"),
+               "level": record.levelname.lower(), "logger": record.name, "msg": record.getMessage(),
+               "pid": record.process}
+        if record.exc_info:
+            doc["exc"] = self.formatException(record.exc_info)
+        return orjson.dumps(doc).decode()
+
+
+def setup_logging(level: str, stream=None) -> logging.handlers.QueueListener:
+    """Root logging through a queue: callers enqueue, one thread formats and writes."""
+    records: queue.SimpleQueue = queue.SimpleQueue()
+    output = logging.StreamHandler(stream or sys.stderr)
+    output.setFormatter(JsonFormatter())
+    listener = logging.handlers.QueueListener(records, output, respect_handler_level=False)
+    root = logging.getLogger()
+    for handler in list(root.handlers):
+        if isinstance(handler, logging.handlers.QueueHandler):
+            root.removeHandler(handler)
+    root.addHandler(logging.handlers.QueueHandler(records))
+    root.setLevel(level.upper())
+    listener.start()
+    return listener
+
+
+class AccessLog:
+    """A history observer: one JSON line per sampled run, written as one record per batch."""
+
+    def __init__(self, sample: float, logger: logging.Logger | None = None):
+        self._sample = sample
+        self._log = logger or logging.getLogger("gateway.access")
+
+    def __call__(self, batch) -> None:
+        sample = self._sample
+        lines = []
+        for at, rid, key_id, query, version, status, code, rows, duration_ms, worker in batch:
+            if sample < 1.0 and random.random() >= sample:
+                continue
+            lines.append(orjson.dumps({"at": at, "request_id": rid, "key_id": key_id, "query": query,
+                                       "version": version, "status": status, "code": code, "rows": rows,
+                                       "duration_ms": round(duration_ms, 3), "worker": worker}))
+        if lines:
+            self._log.info(b"\n".join(lines).decode(), extra={"preformatted": True})
+
+
+class Metrics:
+    """Prometheus metrics of one worker; a history observer plus gauges read each flush."""
+
+    def __init__(self, gauges: dict):
+        from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+        self.multiprocess = bool(os.environ.get("PROMETHEUS_MULTIPROC_DIR"))
+        self.registry = CollectorRegistry()
+        reg = self.registry
+        self.requests = Counter("gateway_requests", "Data-plane calls by query, status and code",
+                                ["query", "status", "code"], registry=reg)
+        self.latency = Histogram("gateway_request_duration_seconds", "Data-plane call latency in the worker",
+                                 ["query"], buckets=BUCKETS, registry=reg)
+        self.rows = Counter("gateway_rows_returned", "Rows returned by data-plane calls", ["query"], registry=reg)
+        self.dropped = Counter("gateway_history_dropped", "Runs dropped because the history queue was full",
+                               registry=reg)
+        self.fallbacks = Counter("gateway_redis_fallbacks", "Admission decisions made by the local fallback "
+                                 "while Redis was unreachable", registry=reg)
+        self.reloads = Counter("gateway_catalog_reloads", "Catalog reloads from the store", registry=reg)
+        self.queue_depth = Gauge("gateway_history_queue_depth", "Runs waiting to be stored",
+                                 multiprocess_mode="livesum", registry=reg)
+        self.generation = Gauge("gateway_catalog_generation", "Catalog generation served",
+                                multiprocess_mode="livemin", registry=reg)
+        self.pool_sessions = Gauge("gateway_pool_sessions", "Open data-database sessions",
+                                   multiprocess_mode="livesum", registry=reg)
+        self.bus_connected = Gauge("gateway_bus_connected", "Workers connected to the bus",
+                                   multiprocess_mode="livesum", registry=reg)
+        self._gauges = gauges
+        self._last = {"dropped": 0, "fallbacks": 0, "reloads": 0}
+
+    def __call__(self, batch) -> None:
+        requests, latency, rows_counter = self.requests, self.latency, self.rows
+        for _, _, _, query, version, status, code, rows, duration_ms, _ in batch:
+            label = query if version is not None else "-"   # unknown names never become labels
+            requests.labels(label, str(status), code or "").inc()
+            latency.labels(label).observe(duration_ms / 1000)
+            if rows:
+                rows_counter.labels(label).inc(rows)
+        self.tick()
+
+    def tick(self) -> None:
+        values = {name: read() for name, read in self._gauges.items()}
+        for name, counter in (("dropped", self.dropped), ("fallbacks", self.fallbacks), ("reloads", self.reloads)):
+            delta = values.get(name, 0) - self._last[name]
+            if delta > 0:
+                counter.inc(delta)
+                self._last[name] = values[name]
+        self.queue_depth.set(values.get("queue_depth", 0))
+        self.generation.set(values.get("generation", 0))
+        self.pool_sessions.set(values.get("pool_sessions", 0))
+        self.bus_connected.set(1 if values.get("bus_connected", True) else 0)
+
+    def exposition(self) -> bytes:
+        from prometheus_client import CollectorRegistry, generate_latest
+        if not self.multiprocess:
+            self.tick()
+            return generate_latest(self.registry)
+        from prometheus_client import multiprocess
+        registry = CollectorRegistry()
+        multiprocess.MultiProcessCollector(registry)
+        return generate_latest(registry)
+
+
+class MetricsResource:
+    """``GET /metrics``: Prometheus text format, optionally behind ``GATEWAY_METRICS_TOKEN``."""
+
+    def __init__(self, metrics: Metrics, token: str):
+        self._metrics = metrics
+        self._token = token.encode() if token else None
+
+    def on_get(self, req, resp):
+        if self._token is not None:
+            import hmac
+            given = req.env.get("HTTP_AUTHORIZATION", "").removeprefix("Bearer ").encode()
+            if not hmac.compare_digest(given, self._token):
+                from .errors import unauthorized
+                raise unauthorized("metrics need Authorization: Bearer <GATEWAY_METRICS_TOKEN>")
+        from prometheus_client import CONTENT_TYPE_LATEST
+        resp.data = self._metrics.exposition()
+        resp.content_type = CONTENT_TYPE_LATEST
+
