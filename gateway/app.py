@@ -23,6 +23,7 @@ from .observe import AccessLog, Metrics, MetricsResource, setup_logging
 from .resources import management
 from .resources.common import AdminCheck, request_id
 from .resources.data import QueryResource
+from .resources.events import Events
 from .resources.health import Health, Ready
 from .settings import Settings
 from .state import CatalogHolder
@@ -113,6 +114,14 @@ def _make_admission(settings, sync):
     return LeasedAdmission(settings.redis_url, settings, workers_hint=lambda: getattr(sync, "live_workers", 1))
 
 
+def _make_events(settings):
+    if not settings.redis_url:
+        return None
+    from fleet.events import RedisEvents  # live events fanned out through a Redis stream
+    return RedisEvents(settings.redis_url, settings.events_maxlen, settings.events_max_streams,
+                       f"{os.uname().nodename}:{os.getpid()}")
+
+
 def create_app(settings: Settings | None = None, sync=None) -> GatewayApp:
     settings = settings or Settings.from_env()
     log_listener = setup_logging(settings.log_level)
@@ -145,7 +154,12 @@ def create_app(settings: Settings | None = None, sync=None) -> GatewayApp:
     history.add_observer(metrics)
     if settings.access_log:
         history.add_observer(AccessLog(settings.access_log_sample))
+    events = _make_events(settings)
+    if events is not None:
+        history.add_observer(events)
     manage = Management(settings, sync, box, store_pool)
+    if events is not None:
+        manage.on_change = events.change
 
     app = GatewayApp(media_type=falcon.MEDIA_JSON)
     app.req_options.strip_url_path_trailing_slash = True
@@ -160,6 +174,7 @@ def create_app(settings: Settings | None = None, sync=None) -> GatewayApp:
         app.add_route(path, resource(manage, admin, settings))
     app.add_route("/health", Health())
     app.add_route("/metrics", MetricsResource(metrics, settings.metrics_token))
+    app.add_route("/events", Events(events, admin))
     ready = Ready(lambda: _store_reachable(store_pool), sync)
     app.add_route("/ready", ready)
 

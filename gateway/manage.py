@@ -137,6 +137,7 @@ class Management:
         self._box = password_box
         self._pool = store_pool
         self.last_sync: dict = {}
+        self.on_change = None    # live events: called with each committed change
 
     # --- plumbing ----------------------------------------------------------------------
     @contextmanager
@@ -176,6 +177,9 @@ class Management:
                         (who.name, who.ip, who.request_id, action, kind, name,
                          psycopg2.extras.Json(before), psycopg2.extras.Json(after), generation))
         self.last_sync = self._sync.announce(generation)
+        if self.on_change is not None:
+            self.on_change({"action": action, "kind": kind, "name": name, "generation": generation,
+                            "actor": who.name, "request_id": who.request_id})
 
     # --- connections -------------------------------------------------------------------
     def _connection_values(self, body: dict, partial: bool) -> dict:

@@ -94,6 +94,9 @@ class Settings:
     access_log: bool = _doc(True, "JSON access log of data-plane calls, written by the history thread "
                             "(never by a request thread).")
     access_log_sample: float = _doc(1.0, "Share of calls written to the access log (0 to 1).")
+    events_maxlen: int = _doc(100_000, "Entries kept in the fleet's event stream (`/events` resumes "
+                              "from `Last-Event-ID` within them).")
+    events_max_streams: int = _doc(16, "Concurrent `/events` streams per worker (each holds a thread).")
     metrics_token: str = _doc("", "When set, `GET /metrics` needs `Authorization: Bearer <token>`.")
 
     @classmethod

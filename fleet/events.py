@@ -1,0 +1,85 @@
+"""Live events across the fleet: runs and management changes from every worker and host,
+through one bounded Redis stream.
+
+Writers never add a Redis round trip to a call: each worker's history thread appends its
+batch of runs with one pipelined ``XADD`` per batch; a management change appends one
+entry after its commit. Readers (``GET /events``, server-sent events) each hold a Redis
+connection blocked in ``XREAD``, resuming from ``Last-Event-ID`` as long as that entry is
+still within the stream's bound (``GATEWAY_EVENTS_MAXLEN``).
+"""
+from __future__ import annotations
+
+import logging
+import threading
+
+import orjson
+import redis
+
+log = logging.getLogger("fleet.events")
+
+STREAM = "gw:{events}:stream"
+
+
+class RedisEvents:
+    def __init__(self, url: str, maxlen: int, max_readers: int, worker: str):
+        self._url = url
+        self._redis = redis.Redis.from_url(url, socket_timeout=1, socket_connect_timeout=1)
+        self._maxlen = maxlen
+        self._readers = threading.BoundedSemaphore(max_readers)
+        self._worker = worker
+
+    # --- writers ------------------------------------------------------------------------
+    def __call__(self, batch) -> None:
+        """A history observer: the batch's runs, one pipelined round trip."""
+        pipe = self._redis.pipeline(transaction=False)
+        for at, rid, key_id, query, version, status, code, rows, duration_ms, worker in batch:
+            pipe.xadd(STREAM, {"type": "run", "data": orjson.dumps(
+                {"at": at, "request_id": rid, "key_id": key_id, "query": query, "version": version,
+                 "status": status, "code": code, "rows": rows, "duration_ms": round(duration_ms, 3),
+                 "worker": worker})}, maxlen=self._maxlen, approximate=True)
+        try:
+            pipe.execute()
+        except redis.RedisError as exc:
+            log.warning("events: could not publish %d runs (%s)", len(batch), exc)
+
+    def change(self, doc: dict) -> None:
+        try:
+            self._redis.xadd(STREAM, {"type": "change", "data": orjson.dumps(dict(doc, worker=self._worker))},
+                             maxlen=self._maxlen, approximate=True)
+        except redis.RedisError as exc:
+            log.warning("events: could not publish a change (%s)", exc)
+
+    # --- readers ------------------------------------------------------------------------
+    def acquire_reader(self) -> bool:
+        return self._readers.acquire(blocking=False)
+
+    def read(self, last_id: str, block_ms: int = 15000):
+        """Yield SSE frames from after ``last_id`` ('$': only new ones), forever; a comment
+        line every ``block_ms`` keeps proxies from closing an idle stream."""
+        conn = redis.Redis.from_url(self._url, socket_timeout=block_ms / 1000 + 5, socket_connect_timeout=2)
+        try:
+            yield from self._frames(conn, last_id, block_ms)
+        except redis.RedisError as exc:
+            # The client reconnects with Last-Event-ID and resumes where it was.
+            log.warning("events: a reader lost Redis (%s)", exc)
+        finally:
+            conn.close()
+            self._readers.release()
+
+    @staticmethod
+    def _frames(conn, last_id: str, block_ms: int):
+        if last_id == "$":  # pin "now" once, so nothing between two reads is missed
+            newest = conn.xrevrange(STREAM, count=1)
+            last_id = newest[0][0].decode() if newest else "0-0"
+        yield b": connected\n\n"
+        while True:
+            entries = conn.xread({STREAM: last_id}, count=500, block=block_ms)
+            if not entries:
+                yield b": keep-alive\n\n"
+                continue
+            frames = []
+            for entry_id, fields in entries[0][1]:
+                last_id = entry_id.decode()
+                frames.append(b"id: " + entry_id + b"\nevent: " + fields[b"type"] + b"\ndata: "
+                              + fields[b"data"] + b"\n\n")
+            yield b"".join(frames)
