@@ -64,6 +64,7 @@ CODES: dict[str, tuple[int, str]] = {
     "invalid_event_id": (400, "`Last-Event-ID` is not a stream id."),
     "invalid_sql": (400, "The saved SQL cannot be served: it does not parse, has more than one statement, an undeclared placeholder, or a statement kind that is refused."),
     "query_failed": (400, "The data database rejected the statement (a data error such as a bad cast, a missing table or a constraint)."),
+    "too_many_rows_affected": (400, "A write touched more rows than its query's `max_affected_rows`; it was rolled back."),
     "unauthorized": (401, "No API key, an unknown key, or a wrong admin key."),
     "key_expired": (401, "The API key has passed its `expires_at`."),
     "query_not_allowed": (403, "The key is not granted this query."),

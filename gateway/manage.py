@@ -24,7 +24,8 @@ from .sqltext import prepare_text
 
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 CONNECTION_FIELDS = {"name", "db", "host", "port", "database", "user", "password", "active", "options"}
-QUERY_FIELDS = {"name", "connection_name", "sql", "parameters", "publish", "description", "tags"}
+QUERY_FIELDS = {"name", "connection_name", "sql", "parameters", "publish", "description", "tags",
+                "max_affected_rows"}
 KEY_FIELDS = {"name", "queries", "connections", "expires_at", "active", "rate_limit", "rate_limit_burst",
               "quota", "allow_writes"}
 
@@ -296,10 +297,17 @@ class Management:
             raise bad_request("invalid_body", "publish must be true or false", errors={"publish": "must be true or false"})
         analysis = {"positional": text.positional, "pyformat": text.pyformat, "order": list(text.order),
                     "kind": text.kind}
+        extra = {"analysis": analysis}
+        max_rows = body.get("max_affected_rows")
+        if max_rows is not None:
+            if isinstance(max_rows, bool) or not isinstance(max_rows, int) or max_rows < 0:
+                raise bad_request("invalid_body", "max_affected_rows must be a non-negative integer",
+                                  errors={"max_affected_rows": "must be a non-negative integer"})
+            extra["max_affected_rows"] = max_rows
         return {"connection_id": row["id"], "sql": body["sql"],
                 "parameters": psycopg2.extras.Json({s.name: s.to_doc() for s in specs}),
                 "description": description, "tags": psycopg2.extras.Json(_str_list(body, "tags")),
-                "extra": psycopg2.extras.Json({"analysis": analysis})}
+                "extra": psycopg2.extras.Json(extra)}
 
     def _insert_version(self, cur, query_id: int, version: int, values: dict, publish: bool) -> None:
         values = dict(values, query_id=query_id, version=version)
@@ -383,6 +391,7 @@ class Management:
             doc["versions"] = [{"version": v["version"], "connection_name": v["connection_name"], "sql": v["sql"],
                                 "parameters": v["parameters"], "description": v["description"],
                                 "tags": v["tags"], "kind": v["extra"]["analysis"]["kind"],
+                                "max_affected_rows": v["extra"].get("max_affected_rows"),
                                 "status": "published" if v["version"] == published else
                                 ("draft" if v["published_at"] is None else "previously_published"),
                                 "published_at": _iso(v["published_at"]), "created_at": _iso(v["created_at"])}

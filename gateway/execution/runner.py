@@ -86,25 +86,47 @@ def _prefix(session: Session, qv: QueryVersion, timeout_ms: int | None) -> tuple
 
 
 def execute(pool: SessionPool, qv: QueryVersion, args: tuple, timeout_ms: int | None) -> Result:
+    """Reads: one round trip. Writes: the statement inside BEGIN (same message), then COMMIT,
+    or ROLLBACK when it touched more than the query's ``max_affected_rows``."""
     session = pool.acquire()
     broken = False
     preparing = False
+    write = qv.kind == "write"
+    cur = session.cursor
     try:
         prefix, preparing = _prefix(session, qv, timeout_ms)
-        cur = session.cursor
+        if write:
+            prefix = "BEGIN; " + prefix
         cur.execute(prefix + qv.execute_sql if prefix else qv.execute_sql, args)
         if preparing:
             session.prepared.add(qv.statement)
-        if cur.description is None:
-            return Result((), [], cur.rowcount)
-        return Result(tuple(unique_names(d.name for d in cur.description)), cur.fetchall(), cur.rowcount)
+        columns = () if cur.description is None else tuple(unique_names(d.name for d in cur.description))
+        result = Result(columns, cur.fetchall() if columns else [], cur.rowcount)
+        if write:
+            _finish_write(cur, qv, result.rowcount)
+        return result
     except psycopg2.Error as exc:
         broken = _is_broken(exc)
         if preparing and not broken:
             _learn_prepared(session, qv)
         raise translate(exc) from None
     finally:
+        if not broken and session.conn.info.transaction_status != psycopg2.extensions.TRANSACTION_STATUS_IDLE:
+            try:
+                cur.execute("ROLLBACK")
+            except psycopg2.Error:
+                broken = True
         pool.release(session, broken)
+
+
+def _finish_write(cur, qv: QueryVersion, rowcount: int) -> None:
+    limit = qv.max_affected_rows
+    if limit is not None and rowcount > limit:
+        cur.execute("ROLLBACK")
+        raise bad_request("too_many_rows_affected",
+                          f"the write touched {rowcount} rows, more than its max_affected_rows of {limit}; "
+                          "nothing was changed", rows_affected=rowcount)
+    cur.execute("COMMIT")
 
 
 def stream(pool: SessionPool, qv: QueryVersion, args: dict, timeout_ms: int | None, fetch_rows: int):
