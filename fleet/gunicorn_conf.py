@@ -29,7 +29,7 @@ if not (_settings.database_url and _settings.redis_url and _settings.admin_key a
 
 bind = [_settings.bind]
 workers = _settings.worker_count()
-worker_class = "gthread"
+worker_class = _settings.worker_class
 threads = _settings.threads
 keepalive = _settings.keepalive
 timeout = 60
@@ -55,14 +55,18 @@ _CPUS = _settings.usable_cpus()
 
 
 def pre_fork(server, worker):
-    """In the master: give the new worker the first core no live worker holds, so a
-    respawned worker takes the core its predecessor left."""
+    """In the master: give the new worker the first of the cores holding the fewest live
+    workers, so a respawned worker takes the core its predecessor left (also with more
+    workers than cores)."""
     if not _CPUS:
         worker.gw_cpu = None
         return
-    taken = {getattr(w, "gw_cpu", None) for w in server.WORKERS.values()}
-    free = [c for c in _CPUS if c not in taken]
-    worker.gw_cpu = free[0] if free else _CPUS[len(server.WORKERS) % len(_CPUS)]
+    load = dict.fromkeys(_CPUS, 0)
+    for w in server.WORKERS.values():
+        cpu = getattr(w, "gw_cpu", None)
+        if cpu in load:
+            load[cpu] += 1
+    worker.gw_cpu = min(_CPUS, key=load.__getitem__)
 
 
 def post_fork(server, worker):

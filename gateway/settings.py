@@ -40,6 +40,8 @@ class Settings:
     workers: int = _doc(0, "Worker processes per gunicorn master. 0: one per usable core.")
     cpus: str = _doc("auto", "Cores to pin workers to: `auto` (the usable cores), a list "
                      "such as `0,2-3`, or `off` (no pinning).")
+    worker_class: str = _doc("gthread", "gunicorn worker class: `gthread` (keep-alive, chosen by "
+                             "measurement: docs/bench/) or `sync` (no keep-alive).")
     threads: int = _doc(8, "Threads per worker (gthread worker class).")
     keepalive: int = _doc(75, "Seconds an idle keep-alive connection is held (longer than a "
                           "load balancer's idle timeout).")
