@@ -1,0 +1,12 @@
+-- Runs once, on an empty data volume (the postgres image runs /docker-entrypoint-initdb.d/*
+-- in name order, as the superuser). Passwords come from the postgres service's environment,
+-- i.e. from compose/.env; nothing secret is written in this file.
+--
+--   gateway      owns the `gateway` database: the gateway's store (GATEWAY_DATABASE_URL).
+--   demo_reader  may only read the `demo` database (20-demo.sql, 30-demo-grants.sql): the
+--                demo connection that `fleet seed` creates logs in as this role.
+\getenv store_password FLEET_STORE_PG_PASSWORD
+\getenv demo_password GATEWAY_DEMO_PG_PASSWORD
+CREATE ROLE gateway LOGIN PASSWORD :'store_password';
+CREATE DATABASE gateway OWNER gateway;
+CREATE ROLE demo_reader LOGIN PASSWORD :'demo_password';
