@@ -125,7 +125,7 @@ class LeasedAdmission:
         self._lease_s = settings.lease_ms / 1000
         self._lease_max = settings.lease_max
         self._closed_on_failure = settings.redis_failure == "closed"
-        self._ip_rate = Rate.parse(settings.rate_limit, settings.rate_limit_burst, "GATEWAY_RATE_LIMIT") \
+        self._ip_rate = Rate.parse(settings.rate_limit, settings.rate_limit_burst or None, "GATEWAY_RATE_LIMIT") \
             if settings.rate_limit else None
         self._workers_hint = workers_hint
         self._clock = clock

@@ -19,6 +19,7 @@ from .errors import GatewayError
 from .execution.runner import Pools
 from .history import HistoryWriter
 from .manage import Management
+from .middleware import RequestId
 from .observe import AccessLog, Metrics, MetricsResource, setup_logging
 from .resources import management
 from .resources.common import AdminCheck, request_id
@@ -70,7 +71,6 @@ def _send_error(req, resp, error: GatewayError) -> None:
     resp.status = error.status
     resp.data = orjson.dumps(error.body(request_id(req)))
     resp.content_type = "application/json"
-    resp.set_header("X-Request-Id", request_id(req))
     if error.headers:
         for name, value in error.headers.items():
             resp.set_header(name, value)
@@ -143,7 +143,7 @@ def create_app(settings: Settings | None = None, sync=None) -> GatewayApp:
     history = HistoryWriter(connect, f"{os.uname().nodename}:{os.getpid()}", settings.history_batch,
                             settings.history_flush_ms, settings.history_queue_max,
                             settings.history_retention_days)
-    store_pool = psycopg2.pool.ThreadedConnectionPool(0, 4, settings.database_url,
+    store_pool = psycopg2.pool.ThreadedConnectionPool(1, 4, settings.database_url,
                                                       connect_timeout=settings.connect_timeout_s,
                                                       application_name="gateway-fleet-admin")
     admission = _make_admission(settings, sync)
@@ -161,7 +161,7 @@ def create_app(settings: Settings | None = None, sync=None) -> GatewayApp:
     if events is not None:
         manage.on_change = events.change
 
-    app = GatewayApp(media_type=falcon.MEDIA_JSON)
+    app = GatewayApp(media_type=falcon.MEDIA_JSON, middleware=[RequestId()])
     app.req_options.strip_url_path_trailing_slash = True
     app.add_error_handler(Exception, _on_unexpected)
     app.add_error_handler(falcon.HTTPError, _on_http_error)

@@ -75,8 +75,9 @@ class QueryVersion:
             body = text.positional
             args = n
         # psycopg2 interpolates %s in the whole string, so literal % in the SQL is doubled.
-        self.prepare_sql = f"PREPARE {self.statement} ({types}) AS {body}".replace("%", "%%") \
-            if types else f"PREPARE {self.statement} AS {body}".replace("%", "%%")
+        # The newline ends a trailing "-- comment" of the saved SQL before the next statement.
+        self.prepare_sql = (f"PREPARE {self.statement} ({types}) AS {body}\n" if types
+                            else f"PREPARE {self.statement} AS {body}\n").replace("%", "%%")
         self.execute_sql = f"EXECUTE {self.statement}({', '.join(['%s'] * args)})" if args \
             else f"EXECUTE {self.statement}"
         self.stream_sql = text.pyformat

@@ -118,7 +118,17 @@ class HistoryWriter:
                     conn = self._connect()
                     conn.autocommit = True  # one COPY is one transaction and one round trip
                 while self._unstored:
-                    self._store(conn, self._unstored[0])
+                    try:
+                        self._store(conn, self._unstored[0])
+                    except (psycopg2.OperationalError, psycopg2.InterfaceError):
+                        raise
+                    except psycopg2.Error as exc:
+                        # A batch the store refuses (not a lost connection) would be refused
+                        # forever: drop it, count it, keep the rest flowing.
+                        self.dropped += len(self._unstored[0])
+                        log.error("history: the store refused a batch of %d runs (%s); dropped",
+                                  len(self._unstored.popleft()), exc)
+                        continue
                     self.written += len(self._unstored.popleft())
                 if self._retention_days and time.monotonic() - self._pruned_at > PRUNE_EVERY_S:
                     self._prune(conn)

@@ -55,12 +55,17 @@ def _is_escape_string(sql: str, i: int) -> bool:
     return start > 0 and sql[start - 1] in "eE"
 
 
-def scan(sql: str) -> tuple[list[tuple[int, int, str]], int]:
-    """Placeholders as (start, end, name); and the count of top-level ``;`` separators."""
-    found, semicolons = [], 0
+def scan(sql: str) -> tuple[list[tuple[int, int, str]], int, int]:
+    """Placeholders as (start, end, name); the count of statements after the first; and
+    where the first statement ends (its top-level ``;``, or the end of the text)."""
+    found, semicolons, end = [], 0, len(sql)
+    ended = False  # a top-level ";" was seen: anything but comments after it is a second statement
     i, n = 0, len(sql)
     while i < n:
         c = sql[i]
+        if ended and not c.isspace() and not sql.startswith("--", i) and not sql.startswith("/*", i):
+            semicolons += 1
+            ended = False
         if c in "'\"":
             i = _skip_quoted(sql, i, c)
         elif c == "-" and sql.startswith("--", i):
@@ -71,10 +76,10 @@ def scan(sql: str) -> tuple[list[tuple[int, int, str]], int]:
         elif c == "$":
             tag = _DOLLAR_TAG.match(sql, i)
             if tag and not (i > 0 and (sql[i - 1].isalnum() or sql[i - 1] == "_")):
-                end = sql.find(tag.group(0), tag.end())
-                if end < 0:
+                closing = sql.find(tag.group(0), tag.end())
+                if closing < 0:
                     raise bad_request("invalid_sql", "unterminated dollar-quoted text")
-                i = end + len(tag.group(0))
+                i = closing + len(tag.group(0))
             else:
                 i += 1
         elif c == ":":
@@ -88,12 +93,13 @@ def scan(sql: str) -> tuple[list[tuple[int, int, str]], int]:
             else:
                 i += 1
         elif c == ";":
-            if sql[i + 1:].strip():
-                semicolons += 1
+            if not ended:
+                end = min(end, i)
+            ended = True
             i += 1
         else:
             i += 1
-    return found, semicolons
+    return found, semicolons, end
 
 
 def _skip_block_comment(sql: str, i: int) -> int:
@@ -119,9 +125,10 @@ def prepare_text(sql: str, declared: frozenset[str]) -> PreparedText:
         raise bad_request("invalid_sql", f"sql is longer than {MAX_SQL} characters")
     if "\x00" in sql:
         raise bad_request("invalid_sql", "sql contains a NUL character")
-    placeholders, semicolons = scan(sql)
+    placeholders, semicolons, end = scan(sql)
     if semicolons:
         raise bad_request("invalid_sql", "exactly one statement is allowed")
+    sql = sql[:end]  # the statement without its terminating ";" and any comment after it
     order: list[str] = []
     positional, pyformat, last = [], [], 0
     for start, end, name in placeholders:
@@ -134,15 +141,15 @@ def prepare_text(sql: str, declared: frozenset[str]) -> PreparedText:
         last = end
     positional.append(sql[last:])
     pyformat.append(sql[last:].replace("%", "%%"))
-    text = "".join(positional).strip().rstrip(";").rstrip()
-    return PreparedText(text, "".join(pyformat).strip().rstrip(";").rstrip(), tuple(order),
+    text = "".join(positional).strip()
+    return PreparedText(text, "".join(pyformat).strip(), tuple(order),
                         statement_kind(text))
 
 
 def statement_kind(positional_sql: str) -> str:
     try:
         statements = [s for s in sqlglot.parse(positional_sql, read="postgres") if s is not None]
-    except sqlglot.errors.ParseError as exc:
+    except sqlglot.errors.SqlglotError as exc:
         raise bad_request("invalid_sql", f"cannot parse the statement: {str(exc).splitlines()[0]}") from None
     if len(statements) != 1:
         raise bad_request("invalid_sql", "exactly one statement is allowed")

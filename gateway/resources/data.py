@@ -141,7 +141,6 @@ class QueryResource:
                 rows = self._stream(resp, pool, qv, bound, args)
             else:
                 rows = self._page(resp, pool, qv, bound, args)
-            resp.set_header("X-Request-Id", rid)
             for header, value in limits:
                 resp.set_header(header, value)
             if rows:

@@ -1,0 +1,445 @@
+"""A key's governance grants, compiled once, and the per-(key, query version) call plan.
+
+``Grants.from_doc(doc)`` reads the QueryAPIGate-style fields of a key's grants:
+
+* ``allowed_tables``: None (no restriction) or a list of relations the key may touch:
+  ``schema.table``, ``schema.*``, or a bare ``table`` meaning ``public.table``. Names are
+  exact (PostgreSQL's stored names; unquoted SQL folds to lower case). An empty list allows
+  no relation. A view is a relation of its own: listing it allows reading it.
+* ``mask``: a list of ``{"column": pattern, "action": action}``; the pattern is
+  ``table.column`` (any schema) or ``schema.table.column`` with fnmatch wildcards
+  (``*.email``, ``public.customers.*``), matched case-insensitively; the action is one of
+  ``drop`` > ``null`` > ``hash`` > ``mask`` > ``keep`` (strictest first). A saved query may
+  carry rules of the same shape; they apply to every caller.
+* ``allow_writes`` (bool), ``allowed_write_ops`` (None or a list of insert / update /
+  delete / merge), ``max_rows`` (int), ``query_timeout`` (seconds), ``allowed_ips`` (None
+  or a list of addresses / CIDR ranges, IPv4 and IPv6).
+
+``plan(analysis, grants, query_masks, hash_key=...)`` checks the analysis against the
+grants (raising 403 ``table_not_allowed``, ``write_not_allowed``, ``write_op_not_allowed``,
+``mask_unresolvable``, ``function_opaque``) and returns a :class:`CallPlan` whose
+``apply(columns, rows)`` does the masking with precomputed index lists: no regex, no
+fnmatch, no parsing per call.
+
+What masking decides, per output column: the strictest action of every rule matching any of
+its source columns (its lineage). It is refused (``mask_unresolvable``) rather than applied
+when a masked column reaches the output through a whole-row reference (``row_to_json(t)``,
+``to_jsonb(t.*)``, a bare ``t``), when a view is read and no rule names the view (lineage
+stops at a view; name it, e.g. ``customer_view.*`` with ``keep``), or when a write would store
+masked values. What masking does not hide: a masked column used in WHERE / JOIN / ORDER BY
+still filters and orders (an oracle); ``Analysis.referenced`` lists those columns.
+"""
+from __future__ import annotations
+
+import fnmatch
+import hashlib
+import hmac
+import ipaddress
+import json
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from datetime import date, datetime, time
+from decimal import Decimal
+from operator import itemgetter
+
+from ..errors import GatewayError, bad_request, forbidden
+from .analysis import Analysis
+from .schema import qname, split_qname
+
+__all__ = ["ACTIONS", "MaskRule", "compile_masks", "Grants", "CallPlan", "plan"]
+
+ACTIONS = ("drop", "null", "hash", "mask", "keep")   # strictest first
+_RANK = {action: rank for rank, action in enumerate(ACTIONS)}
+WRITE_OPS = ("insert", "update", "delete", "merge")
+_GRANT_FIELDS = ("allowed_tables", "mask", "allow_writes", "allowed_write_ops", "max_rows", "query_timeout",
+                 "allowed_ips")
+
+
+def _invalid(field: str, message: str) -> GatewayError:
+    return bad_request("invalid_body", f"{field}: {message}", errors={field: message})
+
+
+class MaskRule:
+    __slots__ = ("pattern", "action", "schema", "table", "column", "literal_table", "table_text", "schema_text")
+
+    def __init__(self, pattern: str, action: str):
+        if not isinstance(pattern, str) or not pattern:
+            raise _invalid("mask", "each rule's column must be a non-empty string")
+        if action not in _RANK:
+            raise _invalid("mask", f"action {action!r} must be one of {', '.join(ACTIONS)}")
+        try:
+            parts = split_qname(pattern)
+        except ValueError:
+            parts = ()
+        if len(parts) not in (2, 3) or not all(parts):
+            raise _invalid("mask", f"column {pattern!r} must be table.column or schema.table.column "
+                                   "(wildcards allowed: *.email, public.customers.*)")
+        self.pattern = pattern
+        self.action = action
+        schema_part = parts[0] if len(parts) == 3 else None
+        table_part, column_part = parts[-2], parts[-1]
+        self.schema = _compile(schema_part) if schema_part is not None else None
+        self.table = _compile(table_part)
+        self.column = _compile(column_part)
+        self.literal_table = not any(ch in table_part for ch in "*?[")
+        self.table_text = table_part.lower()
+        self.schema_text = schema_part
+
+    def matches(self, schema: str, table: str, column: str) -> bool:
+        return (self.schema is None or bool(self.schema.match(schema))) and bool(self.table.match(table)) \
+            and bool(self.column.match(column))
+
+    def names_relation(self, schema: str, table: str) -> bool:
+        """Whether this rule names the relation itself (no wildcard in its table part)."""
+        return self.literal_table and self.table_text == table.lower() and \
+            (self.schema is None or bool(self.schema.match(schema)))
+
+    def to_doc(self) -> dict:
+        return {"column": self.pattern, "action": self.action}
+
+
+def _compile(part: str):
+    return re.compile(fnmatch.translate(part), re.IGNORECASE | re.DOTALL)
+
+
+def compile_masks(rules) -> tuple[MaskRule, ...]:
+    """Mask rules as stored (a list of ``{"column", "action"}``), compiled; None is none."""
+    if rules is None:
+        return ()
+    if isinstance(rules, tuple) and all(isinstance(r, MaskRule) for r in rules):
+        return rules
+    if not isinstance(rules, list):
+        raise _invalid("mask", 'must be a list of {"column": "table.column", "action": "hash|null|drop|mask|keep"}')
+    out = []
+    for rule in rules:
+        if isinstance(rule, MaskRule):
+            out.append(rule)
+            continue
+        if not isinstance(rule, Mapping) or set(rule) != {"column", "action"}:
+            raise _invalid("mask", 'each rule is {"column": "table.column", "action": ...} and nothing else')
+        out.append(MaskRule(rule["column"], rule["action"]))
+    return tuple(out)
+
+
+class _TableMatcher:
+    __slots__ = ("exact", "patterns", "raw")
+
+    def __init__(self, names):
+        if not isinstance(names, list) or not all(isinstance(n, str) and n for n in names):
+            raise _invalid("allowed_tables", "must be a list of table names (schema.table, schema.*, table), or null")
+        self.raw = list(names)
+        self.exact: set[tuple[str, str]] = set()
+        self.patterns = []
+        for name in names:
+            try:
+                parts = split_qname(name)
+            except ValueError:
+                raise _invalid("allowed_tables", f"{name!r} is not a table name") from None
+            if len(parts) == 1:
+                parts = ("public", parts[0])
+            if len(parts) != 2 or not all(parts):
+                raise _invalid("allowed_tables", f"{name!r} must be schema.table, schema.* or table")
+            if any(ch in p for p in parts for ch in "*?["):
+                self.patterns.append((re.compile(fnmatch.translate(parts[0]), re.DOTALL),
+                                      re.compile(fnmatch.translate(parts[1]), re.DOTALL)))
+            else:
+                self.exact.add(parts)
+
+    def allows(self, qualified: str) -> bool:
+        try:
+            parts = split_qname(qualified)
+        except ValueError:
+            return False
+        if len(parts) != 2:
+            return False
+        if parts in self.exact:
+            return True
+        return any(s.match(parts[0]) and t.match(parts[1]) for s, t in self.patterns)
+
+
+class Grants:
+    """A key's governance grants, validated and compiled once (at catalog load)."""
+
+    __slots__ = ("allowed_tables", "masks", "allow_writes", "allowed_write_ops", "max_rows", "query_timeout",
+                 "allowed_ips", "_networks")
+
+    def __init__(self, allowed_tables=None, masks=(), allow_writes=False, allowed_write_ops=None,
+                 max_rows=None, query_timeout=None, allowed_ips=None):
+        self.allowed_tables = allowed_tables        # _TableMatcher or None
+        self.masks = masks                          # tuple[MaskRule, ...]
+        self.allow_writes = allow_writes
+        self.allowed_write_ops = allowed_write_ops  # frozenset or None
+        self.max_rows = max_rows
+        self.query_timeout = query_timeout          # seconds or None
+        self.allowed_ips = allowed_ips              # list of strings or None
+        self._networks = None if allowed_ips is None else \
+            tuple(ipaddress.ip_network(v, strict=False) for v in allowed_ips)
+
+    @classmethod
+    def from_doc(cls, doc: Mapping | None) -> "Grants":
+        doc = doc or {}
+        if not isinstance(doc, Mapping):
+            raise _invalid("grants", "must be an object")
+        tables = doc.get("allowed_tables")
+        matcher = None if tables is None else _TableMatcher(tables)
+        masks = compile_masks(doc.get("mask"))
+        allow_writes = doc.get("allow_writes", False)
+        if not isinstance(allow_writes, bool):
+            raise _invalid("allow_writes", "must be true or false")
+        ops = doc.get("allowed_write_ops")
+        if ops is not None:
+            if not isinstance(ops, list) or not all(isinstance(o, str) for o in ops) \
+                    or not {o.lower() for o in ops} <= set(WRITE_OPS):
+                raise _invalid("allowed_write_ops", f"must be a list of {', '.join(WRITE_OPS)}, or null")
+            ops = frozenset(o.lower() for o in ops)
+        max_rows = doc.get("max_rows")
+        if max_rows is not None and (isinstance(max_rows, bool) or not isinstance(max_rows, int)
+                                     or not 1 <= max_rows <= 10_000_000):
+            raise _invalid("max_rows", "must be a whole number from 1 to 10,000,000, or null")
+        timeout = doc.get("query_timeout")
+        if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float))
+                                    or not 0.1 <= timeout <= 86400):
+            raise _invalid("query_timeout", "must be a number of seconds from 0.1 to 86400, or null")
+        ips = doc.get("allowed_ips")
+        if ips is not None:
+            if not isinstance(ips, list) or not all(isinstance(v, str) for v in ips):
+                raise _invalid("allowed_ips", "must be a list of IP addresses or CIDR ranges, or null")
+            for value in ips:
+                try:
+                    ipaddress.ip_network(value, strict=False)
+                except ValueError:
+                    raise _invalid("allowed_ips", f"{value!r} is not an IP address or CIDR range") from None
+        return cls(matcher, masks, allow_writes, ops, max_rows, timeout, ips)
+
+    def to_doc(self) -> dict:
+        return {"allowed_tables": self.allowed_tables.raw if self.allowed_tables is not None else None,
+                "mask": [m.to_doc() for m in self.masks] or None, "allow_writes": self.allow_writes,
+                "allowed_write_ops": sorted(self.allowed_write_ops) if self.allowed_write_ops is not None else None,
+                "max_rows": self.max_rows, "query_timeout": self.query_timeout, "allowed_ips": self.allowed_ips}
+
+    def table_allowed(self, qualified: str) -> bool:
+        return self.allowed_tables is None or self.allowed_tables.allows(qualified)
+
+    def ip_allowed(self, client_ip: str) -> bool:
+        """True with no ``allowed_ips``; otherwise the address must parse and fall in a range
+        (an IPv4-mapped IPv6 address counts as its IPv4 address). Fails closed."""
+        networks = self._networks
+        if networks is None:
+            return True
+        if not client_ip:
+            return False
+        try:
+            address = ipaddress.ip_address(client_ip.strip().split("%", 1)[0])
+        except ValueError:
+            return False
+        mapped = getattr(address, "ipv4_mapped", None)
+        if mapped is not None:
+            address = mapped
+        return any(address.version == net.version and address in net for net in networks)
+
+    def check_ip(self, client_ip: str) -> None:
+        if not self.ip_allowed(client_ip):
+            raise forbidden("ip_not_allowed", "this key may not be used from this address")
+
+
+# --- values -----------------------------------------------------------------------------------
+def _text(value):
+    if isinstance(value, str):
+        return value
+    if isinstance(value, (int, float, Decimal)) and not isinstance(value, bool):
+        return str(value)
+    if isinstance(value, (datetime, date, time)):
+        return value.isoformat()
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return None
+
+
+def _hasher(key: bytes):
+    base = hmac.new(key, digestmod=hashlib.sha256)
+
+    def digest(value):
+        if value is None:
+            return None
+        if isinstance(value, (bytes, bytearray, memoryview)):
+            data = bytes(value)
+        else:
+            text = _text(value)
+            if text is None:
+                text = json.dumps(value, sort_keys=True, default=str, separators=(",", ":"))
+            data = text.encode("utf-8")
+        h = base.copy()
+        h.update(data)
+        return h.hexdigest()
+    return digest
+
+
+def mask_value(value):
+    """Text keeps its last 4 characters (``****1234``); 4 characters or fewer are hidden
+    entirely; a value with no text form (JSON, bytes, arrays) becomes null."""
+    if value is None:
+        return None
+    text = _text(value)
+    if text is None:
+        return None
+    return "****" + text[-4:] if len(text) > 4 else "****"
+
+
+# --- the plan -------------------------------------------------------------------------------
+class CallPlan:
+    """What one key gets from one query version: cheap to apply on every call."""
+
+    __slots__ = ("actions", "width", "identity", "max_rows", "query_timeout", "_convert", "_keep", "_fired")
+
+    def __init__(self, actions: Sequence[str | None], hash_key: bytes | None, max_rows=None, query_timeout=None,
+                 fired=()):
+        self.actions = tuple(actions)
+        self.width = len(self.actions)
+        self.max_rows = max_rows
+        self.query_timeout = query_timeout
+        self._fired = tuple(fired)
+        self.identity = not any(a not in (None, "keep") for a in self.actions)
+        keep = [i for i, a in enumerate(self.actions) if a != "drop"]
+        self._keep = tuple(keep)
+        self._convert = None if self.identity else self._build(hash_key)
+
+    def _build(self, hash_key):
+        nulls = tuple(i for i, a in enumerate(self.actions) if a == "null")
+        hashes = tuple(i for i, a in enumerate(self.actions) if a == "hash")
+        masks = tuple(i for i, a in enumerate(self.actions) if a == "mask")
+        dropped = len(self._keep) != self.width
+        if hashes and not hash_key:
+            raise ValueError("a hash mask applies but no hash key was given to the planner (GATEWAY_MASK_KEY)")
+        digest = _hasher(hash_key) if hashes else None
+        keep = self._keep
+        if not dropped:
+            pick = tuple
+        elif len(keep) == 0:
+            def pick(_row):
+                return ()
+        elif len(keep) == 1:
+            only = keep[0]
+
+            def pick(row):
+                return (row[only],)
+        else:
+            getter = itemgetter(*keep)
+
+            def pick(row):
+                return getter(row)
+        mask = mask_value
+
+        def convert(row):
+            values = list(row)
+            for i in nulls:
+                values[i] = None
+            for i in hashes:
+                values[i] = digest(values[i])
+            for i in masks:
+                values[i] = mask(values[i])
+            return pick(values)
+        return convert
+
+    def columns(self, columns: Sequence[str]) -> list[str]:
+        """The column names that come out for ``columns`` that go in."""
+        self._check(columns)
+        return list(columns) if self.identity else [columns[i] for i in self._keep]
+
+    def _check(self, columns) -> None:
+        if len(columns) != self.width:
+            raise forbidden("mask_unresolvable", "the result no longer has the shape the query was analysed "
+                                                 "with (has the schema changed?); save the query again")
+
+    def apply(self, columns: Sequence[str], rows):
+        """(columns, rows) with the masks applied: a list for a list, else a lazy iterator."""
+        if self.identity:
+            return columns, rows
+        self._check(columns)
+        out = [columns[i] for i in self._keep]
+        convert = self._convert
+        if isinstance(rows, list):
+            return out, [convert(row) for row in rows]
+        return out, map(convert, rows)
+
+    def apply_row(self, row):
+        return row if self.identity else self._convert(row)
+
+    def describe(self) -> list[dict]:
+        """Per masked output column: its position, the action and the source that decided it."""
+        return [dict(f) for f in self._fired]
+
+
+def _refuse(code: str, message: str) -> GatewayError:
+    return forbidden(code, message)
+
+
+def plan(analysis: Analysis, grants: Grants, query_masks=None, *, hash_key: bytes | None = None,
+         server_allows_writes: bool = True) -> CallPlan:
+    """Check ``analysis`` against ``grants`` (plus the saved query's own ``query_masks``)
+    and compile what each call does. Raises 403 ``GatewayError`` on a refusal."""
+    if grants is None:
+        grants = Grants()
+    for table in analysis.tables:
+        if not grants.table_allowed(table):
+            raise _refuse("table_not_allowed", f"this key may not read or write {table}")
+    if analysis.kind == "write":
+        if not (server_allows_writes and grants.allow_writes):
+            raise _refuse("write_not_allowed", "this query writes; the key or the server does not allow writes")
+        if grants.allowed_write_ops is not None and analysis.write_op not in grants.allowed_write_ops:
+            raise _refuse("write_op_not_allowed", f"this key may not {analysis.write_op}")
+    elif analysis.kind != "read":
+        raise _refuse("write_not_allowed", f"unknown statement kind {analysis.kind!r}")
+    rules = tuple(grants.masks) + compile_masks(query_masks)
+    restricted = bool(rules) or grants.allowed_tables is not None
+    if restricted and analysis.user_functions:
+        raise _refuse("function_opaque", "this query calls user-defined function(s) "
+                      f"{', '.join(analysis.user_functions)}, whose reads cannot be checked against this "
+                      "key's table or mask restrictions")
+    if not rules:
+        return CallPlan([None] * len(analysis.columns), hash_key, grants.max_rows, grants.query_timeout)
+    for view in analysis.views:
+        schema_name, table = _table_parts(view)
+        if not any(rule.names_relation(schema_name, table) for rule in rules):
+            raise _refuse("mask_unresolvable", f"this query reads view {view}; masks are not traced through "
+                          f"views, so a mask rule must name the view itself (e.g. {table}.* with 'keep', "
+                          f"or {table}.<column> with an action)")
+    cache: dict[str, tuple[str, str] | None] = {}
+
+    def decide(source: str):
+        if source not in cache:
+            parts = split_qname(source)
+            best = None
+            for rule in rules:
+                if rule.matches(*parts) and (best is None or _RANK[rule.action] < _RANK[best[0]]):
+                    best = (rule.action, rule.pattern)
+            cache[source] = best
+        return cache[source]
+
+    for source in analysis.write_sources:
+        got = decide(source)
+        if got is not None and got[0] != "keep":
+            raise _refuse("mask_unresolvable", f"this write would store values of masked column {source}")
+    actions: list[str | None] = []
+    fired = []
+    for position, column in enumerate(analysis.columns):
+        best = None
+        for source in column.sources:
+            got = decide(source)
+            if got is not None and (best is None or _RANK[got[0]] < _RANK[best[0]]):
+                best = (got[0], got[1], source)
+            if got is not None and got[0] != "keep" and column.whole_row:
+                parts = split_qname(source)
+                if qname(parts[0], parts[1]) in column.whole_row:
+                    raise _refuse("mask_unresolvable", f"output column {column.name!r} holds whole rows of a "
+                                  f"table with masked column {source}; name the columns instead")
+        action = None if best is None or best[0] == "keep" else best[0]
+        actions.append(action)
+        if action is not None:
+            fired.append({"position": position, "column": column.name, "action": action,
+                          "source": best[2], "rule": best[1]})
+    return CallPlan(actions, hash_key, grants.max_rows, grants.query_timeout, fired)
+
+
+def _table_parts(qualified: str) -> tuple[str, str]:
+    parts = split_qname(qualified)
+    return parts[0], parts[1]

@@ -1,0 +1,182 @@
+"""The relations a connection's SQL can name: tables, views, their columns, and what the
+analysis needs besides (inheritance parents, user-defined function names).
+
+Names are exact, as PostgreSQL stores them (an unquoted identifier in SQL is folded to
+lower case before it is looked up; a quoted one is not). A relation is written
+``schema.table``, a source column ``schema.table.column``; a part holding a ``.`` or a
+``"`` is double-quoted (``public."odd.name".id``) so the text splits back unambiguously.
+
+A view (or materialized view) is a relation of its own: its columns are the view's, and
+lineage stops there. Masking a view's underlying table is *not* resolved through the
+view, so :func:`gateway.governance.grants.plan` refuses a key with masks that reads a
+view no rule names (and ``allowed_tables`` must list the view itself).
+"""
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+
+__all__ = ["Schema", "load_schema", "qname", "split_qname"]
+
+
+def _quote(part: str) -> str:
+    if "." in part or '"' in part:
+        return '"' + part.replace('"', '""') + '"'
+    return part
+
+
+def qname(*parts: str) -> str:
+    """``("public", "customers", "id")`` -> ``public.customers.id`` (odd parts quoted)."""
+    return ".".join(_quote(p) for p in parts)
+
+
+def split_qname(text: str) -> tuple[str, ...]:
+    """The inverse of :func:`qname`: ``public."a.b".id`` -> ``("public", "a.b", "id")``."""
+    parts: list[str] = []
+    i, n = 0, len(text)
+    while i <= n:
+        if i < n and text[i] == '"':
+            j, buf = i + 1, []
+            while True:
+                k = text.find('"', j)
+                if k < 0:
+                    raise ValueError(f"unterminated quote in {text!r}")
+                buf.append(text[j:k])
+                if k + 1 < n and text[k + 1] == '"':
+                    buf.append('"')
+                    j = k + 2
+                    continue
+                break
+            parts.append("".join(buf))
+            i = k + 1
+            if i < n and text[i] != ".":
+                raise ValueError(f"bad name {text!r}")
+            i += 1
+        else:
+            k = text.find(".", i)
+            if k < 0:
+                parts.append(text[i:])
+                break
+            parts.append(text[i:k])
+            i = k + 1
+        if i == n and text.endswith("."):
+            raise ValueError(f"bad name {text!r}")
+    return tuple(parts)
+
+
+class Schema:
+    """``Schema({"public.customers": ("id", "name", ...)}, views=("public.v",))``.
+
+    ``parents`` maps a child table (inheritance or partition) to its ancestors: a column
+    read from the child is also a source column of the ancestors' column of that name, so
+    a mask on ``customers.email`` covers ``customers_2024.email``. ``functions`` is the set
+    of user-defined function names (unqualified), or None when unknown.
+    """
+
+    __slots__ = ("relations", "views", "parents", "functions", "search_path")
+
+    def __init__(self, relations: Mapping[str, Sequence[str]], views: Iterable[str] = (),
+                 parents: Mapping[str, Sequence[str]] | None = None,
+                 functions: Iterable[str] | None = None, search_path: Sequence[str] | None = None):
+        rel: dict[tuple[str, str], tuple[str, ...]] = {}
+        for name, columns in relations.items():
+            parts = split_qname(name)
+            if len(parts) == 1:
+                parts = ("public", parts[0])
+            if len(parts) != 2:
+                raise ValueError(f"relation {name!r} must be schema.table")
+            rel[parts] = tuple(columns)
+        self.relations = rel
+        self.views = frozenset(self._key(v) for v in views)
+        self.parents = {self._key(child): tuple(self._key(p) for p in ps)
+                        for child, ps in (parents or {}).items()}
+        self.functions = frozenset(functions) if functions is not None else None
+        self.search_path = tuple(search_path) if search_path else None
+
+    @staticmethod
+    def _key(name: str) -> tuple[str, str]:
+        parts = split_qname(name)
+        return ("public", parts[0]) if len(parts) == 1 else parts  # type: ignore[return-value]
+
+    def to_doc(self) -> dict:
+        return {"relations": {qname(*k): list(v) for k, v in self.relations.items()},
+                "views": sorted(qname(*v) for v in self.views),
+                "parents": {qname(*k): [qname(*p) for p in v] for k, v in self.parents.items()},
+                "functions": sorted(self.functions) if self.functions is not None else None,
+                "search_path": list(self.search_path) if self.search_path else None}
+
+    @classmethod
+    def from_doc(cls, doc: Mapping) -> "Schema":
+        return cls(doc["relations"], doc.get("views") or (), doc.get("parents") or None,
+                   doc.get("functions"), doc.get("search_path"))
+
+    @classmethod
+    def coerce(cls, value) -> "Schema":
+        if isinstance(value, Schema):
+            return value
+        if isinstance(value, Mapping):
+            if "relations" in value and isinstance(value["relations"], Mapping):
+                return cls.from_doc(value)
+            return cls(value)
+        raise TypeError("schema must be a Schema or a mapping of relation -> columns")
+
+
+_RELATIONS_SQL = """
+SELECT n.nspname, c.relname, c.relkind, a.attname
+  FROM pg_catalog.pg_class c
+  JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+  JOIN pg_catalog.pg_attribute a ON a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped
+ WHERE c.relkind IN ('r', 'v', 'm', 'f', 'p')
+   AND n.nspname NOT LIKE 'pg\\_toast%' AND n.nspname NOT LIKE 'pg\\_temp\\_%'
+ ORDER BY n.nspname, c.relname, a.attnum
+"""
+
+_PARENTS_SQL = """
+WITH RECURSIVE up(child, parent) AS (
+    SELECT inhrelid, inhparent FROM pg_catalog.pg_inherits
+    UNION
+    SELECT up.child, i.inhparent FROM up JOIN pg_catalog.pg_inherits i ON i.inhrelid = up.parent
+)
+SELECT cn.nspname, c.relname, pn.nspname, p.relname
+  FROM up
+  JOIN pg_catalog.pg_class c ON c.oid = up.child
+  JOIN pg_catalog.pg_namespace cn ON cn.oid = c.relnamespace
+  JOIN pg_catalog.pg_class p ON p.oid = up.parent
+  JOIN pg_catalog.pg_namespace pn ON pn.oid = p.relnamespace
+"""
+
+_FUNCTIONS_SQL = """
+SELECT DISTINCT p.proname
+  FROM pg_catalog.pg_proc p JOIN pg_catalog.pg_namespace n ON n.oid = p.pronamespace
+ WHERE n.nspname NOT IN ('pg_catalog', 'information_schema')
+"""
+
+
+def load_schema(conn, search_path: Sequence[str] | None = None) -> Schema:
+    """The relations (tables, views, materialized views, foreign and partitioned tables, in
+    every schema including ``pg_catalog`` and ``information_schema``), inheritance parents
+    and user-defined function names visible to the psycopg2 connection ``conn``.
+
+    ``search_path``: recorded on the schema; None reads the session's effective one
+    (``current_schemas(false)``). The data sessions that run the queries must use the same
+    search path (the gateway pins it in the session options)."""
+    relations: dict[str, list[str]] = {}
+    views: list[str] = []
+    with conn.cursor() as cur:
+        cur.execute(_RELATIONS_SQL)
+        for nsp, rel, kind, column in cur.fetchall():
+            key = qname(nsp, rel)
+            if key not in relations:
+                relations[key] = []
+                if kind in ("v", "m"):
+                    views.append(key)
+            relations[key].append(column)
+        cur.execute(_PARENTS_SQL)
+        parents: dict[str, list[str]] = {}
+        for cn, c, pn, p in cur.fetchall():
+            parents.setdefault(qname(cn, c), []).append(qname(pn, p))
+        cur.execute(_FUNCTIONS_SQL)
+        functions = [row[0] for row in cur.fetchall()]
+        if search_path is None:
+            cur.execute("SELECT current_schemas(false)")
+            search_path = tuple(cur.fetchone()[0])
+    return Schema(relations, views, parents, functions, search_path)
