@@ -41,7 +41,7 @@ class Connection:
 class QueryVersion:
     __slots__ = ("query_id", "name", "version", "connection", "sql", "kind", "binder",
                  "value_order", "statement", "prepare_sql", "execute_sql", "stream_sql",
-                 "published_at", "description", "tags", "parameters", "max_affected_rows")
+                 "published_at", "description", "tags", "parameters", "max_affected_rows", "columns")
 
     def __init__(self, name: str, row: dict, connection: Connection):
         analysis = row["extra"]["analysis"]
@@ -64,6 +64,7 @@ class QueryVersion:
         self.tags = row["tags"]
         self.published_at = row["published_at"]
         self.max_affected_rows = row["extra"].get("max_affected_rows")
+        self.columns = None   # learned from the first result (see execution.runner)
         types = ", ".join(SQL_TYPES[specs[by_name[n]].kind] for n in text.order)
         n = len(text.order)
         if self.kind == "read":

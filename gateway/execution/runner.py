@@ -100,7 +100,7 @@ def execute(pool: SessionPool, qv: QueryVersion, args: tuple, timeout_ms: int | 
         cur.execute(prefix + qv.execute_sql if prefix else qv.execute_sql, args)
         if preparing:
             session.prepared.add(qv.statement)
-        columns = () if cur.description is None else tuple(unique_names(d.name for d in cur.description))
+        columns = _columns(qv, cur.description)
         result = Result(columns, cur.fetchall() if columns else [], cur.rowcount)
         if write:
             _finish_write(cur, qv, result.rowcount)
@@ -117,6 +117,16 @@ def execute(pool: SessionPool, qv: QueryVersion, args: tuple, timeout_ms: int | 
             except psycopg2.Error:
                 broken = True
         pool.release(session, broken)
+
+
+def _columns(qv: QueryVersion, description) -> tuple:
+    """A prepared statement's columns never change: name them once per query version."""
+    if description is None:
+        return ()
+    columns = qv.columns
+    if columns is None or len(columns) != len(description):
+        columns = qv.columns = tuple(unique_names(d.name for d in description))
+    return columns
 
 
 def _finish_write(cur, qv: QueryVersion, rowcount: int) -> None:

@@ -89,7 +89,7 @@ def _split(raw: dict) -> tuple[dict, dict]:
 
 
 class QueryResource:
-    __slots__ = ("_holder", "_pools", "_history", "_settings", "_admission", "_hops")
+    __slots__ = ("_holder", "_pools", "_history", "_settings", "_admission", "_hops", "_defaults")
 
     def __init__(self, holder, pools, history, settings, admission):
         self._holder = holder
@@ -98,6 +98,7 @@ class QueryResource:
         self._settings = settings
         self._admission = admission
         self._hops = settings.trust_proxy
+        self._defaults = CallArgs({}, settings)  # most calls pass no reserved argument: parse once
 
     def on_get(self, req, resp, name):
         params, reserved = _split(req.params)
@@ -131,7 +132,7 @@ class QueryResource:
             key = self._authenticate(env.get("HTTP_X_API_KEY"), catalog)
             qv = self._resolve(catalog, key, name, reserved.get("version"))
             limits += admission.admit_key(key)
-            args = CallArgs(reserved, self._settings)
+            args = CallArgs(reserved, self._settings) if reserved else self._defaults
             bound = qv.binder.bind(params, from_text)
             writable = qv.kind == "write"
             if writable and not (self._settings.allow_writes and key.grants.get("allow_writes") is True):
