@@ -40,7 +40,8 @@ from . import peer, report, system, targets, wrk
 from .system import REPO
 from .targets import Target, TargetError
 
-BLOCKS = ('oltp',)
+BLOCKS = ('oltp', 'admission', 'sync')  # admission: loadtests/admission.py; sync: loadtests/sync.py
+SUBCOMMANDS = {'scaleout': 'scaleout', 'openloop': 'oha.openloop'}  # first argument -> a module with main()
 KNOWN_TARGETS = ('peer', 'gateway')
 STORE_DB = {'peer': 'qagstore', 'gateway': 'gwstore'}
 WARMUP_CONNECTIONS = 8
@@ -72,7 +73,8 @@ class Block:
         self.results.close()
 
     def measure(self, target: Target, *, kind: str, connections: int, duration_s: float, health: bool = False,
-                **tags) -> dict:
+                probes=(), **tags) -> dict:
+        """One wrk run. `probes`: extra meters with start() and finish(record) -> dict of fields to add."""
         if target.process is not None and target.process.poll() is not None:
             raise TargetError(f'{target.name} has exited ({target.process.returncode}):\n'
                               + targets.log_tail(target.log_path))
@@ -87,6 +89,8 @@ class Block:
         cpu_target.start()
         if cpu_pg:
             cpu_pg.start()
+        for probe in probes:
+            probe.start()
         result = wrk.run(target.url('/health' if health else '/'), connections=connections, duration_s=duration_s,
                          script=wrk.HEALTH if health else wrk.RANDOM_AID, env=None if health else env,
                          cpu=self.args.load_cpu, timeout_s=self.args.wrk_timeout)
@@ -109,6 +113,8 @@ class Block:
             'wrk_text': wrk.parse_text(result.text),  # wrk's own rounded summary, a cross-check of the JSON
             'started_at': started_at, 'wall_s': round(time.monotonic() - wall, 3),
         }
+        for probe in probes:
+            record.update(probe.finish(record))
         self.results.write(json.dumps(record) + '\n')
         self.results.flush()
         return record
@@ -265,7 +271,9 @@ def parse_args(argv=None):
                         help='comma list of: peer (QueryAPIGate 0.43.0), gateway (ours). Default: both')
     parser.add_argument('--rounds', type=int, default=5)
     parser.add_argument('--duration', type=float, default=10, help='seconds per run (default 10)')
-    parser.add_argument('--connections', default='32,1', help='wrk -c values, one cell each (default 32,1)')
+    parser.add_argument('--connections', default=None,
+                        help='wrk -c values, one cell each (default: 32,1 for oltp, 32 for admission, 8 for sync: '
+                             'the background load of its "loaded" cells, 0 for none)')
     parser.add_argument('--warmup', type=float, default=5, help=f'seconds of warm-up per target at '
                         f'{WARMUP_CONNECTIONS} connections before the block (0: none)')
     parser.add_argument('--floor-duration', type=float, default=10, help='seconds of the /health floor (0: none)')
@@ -289,6 +297,11 @@ def parse_args(argv=None):
                         help='reuse the targets\' store databases instead of recreating them empty')
     parser.add_argument('--create-data', action='store_true',
                         help='if pgbench_accounts is missing, create it with fleet.demo.create_demo_data')
+    parser.add_argument('--changes', type=int, default=200,
+                        help='sync block: management changes per run (default 200)')
+    parser.add_argument('--sync-workers', type=int, default=4, help='sync block: GATEWAY_WORKERS (default 4)')
+    parser.add_argument('--sync-pause-ms', type=float, default=10,
+                        help='sync block: pause between two changes (default 10 ms)')
     parser.add_argument('--out', type=Path, default=REPO / 'loadtests' / 'results',
                         help='folder for <block>-<timestamp>/ (loadtests/results/tmp/ is gitignored)')
     args = parser.parse_args(argv)
@@ -300,13 +313,25 @@ def parse_args(argv=None):
     unknown = [t for t in args.targets if t not in KNOWN_TARGETS]
     if unknown or not args.targets or len(set(args.targets)) != len(args.targets):
         parser.error(f'--targets: a comma list of {", ".join(KNOWN_TARGETS)}')
+    if args.connections is None:
+        args.connections = {'oltp': '32,1', 'admission': '32', 'sync': '8'}[args.block]
     args.connections = [int(c) for c in args.connections.split(',')]
-    if args.rounds < 1 or args.duration <= 0 or any(c < 1 for c in args.connections):
+    if args.block == 'sync':
+        args.targets = ['gateway']
+        if any(c < 0 for c in args.connections):
+            parser.error('--connections must not be negative')
+    elif args.block == 'admission':
+        args.targets = ['gateway']
+    if args.rounds < 1 or args.duration <= 0 or any(c < 1 for c in args.connections if args.block != 'sync'):
         parser.error('--rounds, --duration and --connections must be positive')
     return args
 
 
 def main(argv=None):
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv and argv[0] in SUBCOMMANDS:  # other blocks with their own harness: `python -m loadtests.bench scaleout`
+        import importlib
+        return importlib.import_module(f'.{SUBCOMMANDS[argv[0]]}', __package__).main(argv[1:])
     args = parse_args(argv)
     for tool in ('wrk', 'taskset'):
         if not system.tool_path(tool):
@@ -314,7 +339,7 @@ def main(argv=None):
     if 'gateway' in args.targets and targets.gateway_available(args.gateway_root):
         raise SystemExit(f'--targets includes gateway, but it is {targets.gateway_available(args.gateway_root)}; '
                          'run with --targets peer until it exists')
-    if 'peer' in args.targets and not peer.GUNICORN.exists():
+    if args.block == 'oltp' and 'peer' in args.targets and not peer.GUNICORN.exists():
         raise SystemExit('the peer is not installed: run `.venv/bin/python -m loadtests.peer setup`')
 
     stamp = datetime.now().strftime('%Y%m%d-%H%M%S')
@@ -386,11 +411,16 @@ def _main(args, run_dir: Path, work_dir: Path) -> int:
     block = Block(args.block, run_dir, args, pg_root)
     failed = None
     try:
-        live = start_targets(args, work_dir, cleanup)
-        meta['targets'] = [t.summary() for t in live]
-        write_meta(run_dir, meta)
         if args.block == 'oltp':
+            live = start_targets(args, work_dir, cleanup)
+            meta['targets'] = [t.summary() for t in live]
+            write_meta(run_dir, meta)
             run_oltp(block, live, args)
+        else:  # blocks that start their own targets
+            runner = {'admission': 'loadtests.admission', 'sync': 'loadtests.sync'}[args.block]
+            import importlib
+            importlib.import_module(runner).run(block, args, work_dir, cleanup, meta,
+                                                lambda: write_meta(run_dir, meta))
         meta['finished_at'] = now_iso()
     except KeyboardInterrupt as stop:
         failed = f'interrupted ({stop})'

@@ -124,6 +124,9 @@ def false_clear_chance(n: int) -> float:
 def render(meta: dict, runs: list[dict]) -> str:
     settings = meta.get('settings', {})
     block = meta.get('block', runs[0]['block'] if runs else '?')
+    if block == 'sync':  # not wrk runs: its own report (loadtests/sync.py)
+        from .sync import render as render_sync
+        return render_sync(meta, runs)
     measured = [r for r in runs if r.get('kind') == 'run']
     floors = [r for r in runs if r.get('kind') == 'floor']
     targets = [t['name'] for t in meta.get('targets', [])] or sorted({r['target'] for r in measured})
@@ -137,6 +140,9 @@ def render(meta: dict, runs: list[dict]) -> str:
     out = [f'# Block `{block}`: {meta.get("started_at", "?")}', '']
     duration = _num(settings.get('duration_s', '?'))
     out += _intro(meta, settings, rounds_done, baseline)
+    if block == 'admission':  # its own section first: worker CPU and Redis commands per call (loadtests/admission.py)
+        from .admission import report_section
+        out += report_section(meta, runs)
 
     # -- throughput
     out += ['## Requests a second', '',
@@ -323,6 +329,15 @@ def _ratio(ours, base) -> str:
 
 def write(run_dir: Path) -> Path:
     meta, runs = load(run_dir)
+    if meta.get('block') == 'scaleout':  # its own tables and plots (loadtests/scaleout.py)
+        from .scaleout import write_report
+        return write_report(run_dir)
+    if meta.get('block') == 'oha':  # loadtests/oha/collect.py's folders
+        from .oha.collect import write as write_oha
+        return write_oha(run_dir)
+    if meta.get('block') == 'openloop':
+        from .oha.openloop import write_report as write_openloop
+        return write_openloop(run_dir)
     path = run_dir / 'results.md'
     path.write_text(render(meta, runs))
     return path

@@ -95,9 +95,10 @@ def key_body(name: str = KEY, query: str = QUERY, connection: str = CONNECTION) 
     return {'name': name, 'queries': [query], 'connections': [connection]}
 
 
-def provision(target: Target, data_url: str, *, probe_id: int = 42) -> dict:
+def provision(target: Target, data_url: str, *, probe_id: int = 42, key_extra: dict | None = None) -> dict:
     """Create the connection, the published saved query and a key through the target's Management API; set
-    target.api_key; check one call answers the row. Returns what was done, for the report."""
+    target.api_key; check one call answers the row. Returns what was done, for the report. `key_extra`: more
+    fields of the key's body (e.g. rate_limit and quota, for the admission block)."""
     steps = {}
     status, body = management(target, 'POST', '/connections', connection_body(data_url))
     _expect(target, 'create connection', status, body, ok=(201, 409))
@@ -105,10 +106,11 @@ def provision(target: Target, data_url: str, *, probe_id: int = 42) -> dict:
     status, body = management(target, 'POST', '/queries', query_body())
     _expect(target, 'create saved query', status, body, ok=(201, 409))
     steps['query'] = status
-    status, body = management(target, 'POST', '/api-keys', key_body())
+    key_doc = {**key_body(), **(key_extra or {})}
+    status, body = management(target, 'POST', '/api-keys', key_doc)
     if status == 409:  # a kept store: the secret is shown only once, so start the key again
         management(target, 'DELETE', f'/api-keys/{KEY}')
-        status, body = management(target, 'POST', '/api-keys', key_body())
+        status, body = management(target, 'POST', '/api-keys', key_doc)
     _expect(target, 'create API key', status, body, ok=(201,))
     if not isinstance(body, dict) or not body.get('secret'):
         raise TargetError(f'{target.name}: the key response has no "secret": {str(body)[:300]}')
