@@ -2,8 +2,10 @@
 through one bounded Redis stream.
 
 Writers never add a Redis round trip to a call: each worker's history thread appends its
-batch of runs with one pipelined ``XADD`` per batch; a management change appends one
-entry after its commit. Readers (``GET /events``, server-sent events) each hold a Redis
+batch of runs as ONE stream entry (so the events cost one Redis command per batch, not one
+per call); a management change appends one entry after its commit. A reader expands a
+batch into one SSE event per run; the SSE id is set on the batch's last event, so a client
+resumes after the last batch it received whole. Readers (``GET /events``, server-sent events) each hold a Redis
 connection blocked in ``XREAD``, resuming from ``Last-Event-ID`` as long as that entry is
 still within the stream's bound (``GATEWAY_EVENTS_MAXLEN``).
 """
@@ -27,20 +29,22 @@ class RedisEvents:
         self._maxlen = maxlen
         self._readers = threading.BoundedSemaphore(max_readers)
         self._worker = worker
+        self._failing = False
 
     # --- writers ------------------------------------------------------------------------
     def __call__(self, batch) -> None:
-        """A history observer: the batch's runs, one pipelined round trip."""
-        pipe = self._redis.pipeline(transaction=False)
-        for at, rid, key_id, query, version, status, code, rows, duration_ms, worker in batch:
-            pipe.xadd(STREAM, {"type": "run", "data": orjson.dumps(
-                {"at": at, "request_id": rid, "key_id": key_id, "query": query, "version": version,
-                 "status": status, "code": code, "rows": rows, "duration_ms": round(duration_ms, 3),
-                 "worker": worker})}, maxlen=self._maxlen, approximate=True)
+        """A history observer: the batch's runs as one entry, one command."""
+        runs = b"\n".join(orjson.dumps(
+            {"at": at, "request_id": rid, "key_id": key_id, "query": query, "version": version,
+             "status": status, "code": code, "rows": rows, "duration_ms": round(duration_ms, 3), "worker": worker})
+            for at, rid, key_id, query, version, status, code, rows, duration_ms, worker in batch)
         try:
-            pipe.execute()
+            self._redis.xadd(STREAM, {"type": "runs", "data": runs}, maxlen=self._maxlen, approximate=True)
+            self._failing = False
         except redis.RedisError as exc:
-            log.warning("events: could not publish %d runs (%s)", len(batch), exc)
+            if not self._failing:   # once per outage, not once per batch
+                log.warning("events: cannot publish runs (%s); dropping them until Redis is back", exc)
+            self._failing = True
 
     def change(self, doc: dict) -> None:
         try:
@@ -80,6 +84,11 @@ class RedisEvents:
             frames = []
             for entry_id, fields in entries[0][1]:
                 last_id = entry_id.decode()
-                frames.append(b"id: " + entry_id + b"\nevent: " + fields[b"type"] + b"\ndata: "
-                              + fields[b"data"] + b"\n\n")
+                if fields[b"type"] == b"runs":
+                    *first, final = fields[b"data"].split(b"\n")
+                    frames.extend(b"event: run\ndata: " + run + b"\n\n" for run in first)
+                    frames.append(b"id: " + entry_id + b"\nevent: run\ndata: " + final + b"\n\n")
+                else:
+                    frames.append(b"id: " + entry_id + b"\nevent: " + fields[b"type"] + b"\ndata: "
+                                  + fields[b"data"] + b"\n\n")
             yield b"".join(frames)

@@ -9,8 +9,11 @@ Guarantees (T any window, r the refill rate, b the burst, L = ``GATEWAY_LEASE_MS
 
 * Tokens are debited before they are spent and a lease is spent only within L of being
   taken, so calls admitted in any window T were taken from the bucket within T + L:
-  **admitted(T) <= b + r * (T + L)**. Leftovers of an expired lease go back to the bucket
-  (capped at b), so they are not lost, and they were never spent.
+  **admitted(T) <= b + r * (T + L)**. Leftovers of an expired lease are dropped, not handed
+  back: a hand-back would re-enter a bucket that refilled meanwhile and let a window admit
+  up to b + r * (T + 3L) (a test reproduced it). Dropping costs a little throughput at the
+  end of a busy spell; the lease size halves after each expiry with leftovers, and the
+  grant is at most a quarter of the bucket, so the loss stays small.
 * Quotas: calls are debited before they are admitted, so the fleet **never admits more
   than the quota's calls**; unused leased calls go back. K shrinks to a quarter of what is
   left (down to 1) as a budget runs out, so the last calls spread over workers instead of
@@ -47,7 +50,7 @@ from gateway.limits import Quota, Rate, quota_window
 
 log = logging.getLogger("fleet.leases")
 
-# KEYS[1]: bucket hash. ARGV: rate per ms, capacity, want, give back.
+# KEYS[1]: bucket hash. ARGV: rate per ms, capacity, want, give back (0 from this module).
 # Returns {granted, tokens left (text: Lua numbers cross as integers), ms until 1 token}.
 _TAKE_TOKENS = """
 local t = redis.call('TIME')
@@ -131,6 +134,7 @@ class LeasedAdmission:
         self._clock = clock
         self._wall = wall
         self._leases: dict = {}
+        self._windows: dict = {}
         self._leases_lock = threading.Lock()
         self._down_until = 0.0
         self.fallbacks = 0          # calls admitted or refused by the local fallback
@@ -174,8 +178,8 @@ class LeasedAdmission:
         return lease
 
     def _spend_rate(self, lease: _Lease, rate: Rate, who: str) -> tuple:
-        now = self._clock()
         with lease.lock:
+            now = self._clock()   # read under the lock: a wait for it must not stretch a lease
             lease.rate = rate
             if lease.tokens > 0 and now < lease.expires:
                 lease.tokens -= 1
@@ -185,10 +189,10 @@ class LeasedAdmission:
             if now < self._down_until:
                 return self._local_rate(lease, rate, now, who)
             self._grow_or_shrink(lease, now)
-            back, lease.tokens = lease.tokens, 0
+            lease.tokens = 0   # an expired lease's leftovers are dropped (see the bound above)
             try:
                 grant, left, wait_ms = self._take_tokens(
-                    keys=[lease.bucket], args=[rate.per_s / 1000, rate.burst, lease.want, back])
+                    keys=[lease.bucket], args=[rate.per_s / 1000, rate.burst, lease.want, 0])
             except redis.RedisError as exc:
                 self._redis_down(exc)
                 return self._local_rate(lease, rate, now, who)
@@ -215,17 +219,24 @@ class LeasedAdmission:
                 ("X-RateLimit-Reset", str(lease.reset_s)))
 
     # --- quotas ---------------------------------------------------------------------
+    def _window(self, per: str) -> tuple[str, int]:
+        """The current quota period, recomputed only when it has ended (no datetime per call)."""
+        window = self._windows.get(per)
+        if window is None or self._wall() >= window[1]:
+            window = self._windows[per] = quota_window(per, self._wall())
+        return window
+
     def _quota_lease(self, key, quota: Quota) -> _Lease:
-        period, end = quota_window(quota.per, self._wall())
+        period, end = self._window(quota.per)
         lease = self._lease(f"gw:{{q:{key.id}}}:{period}")
         lease.period_end = end
         return lease
 
     def _spend_quota(self, key, quota: Quota, rate_headers: tuple) -> tuple:
         lease = self._quota_lease(key, quota)
-        now = self._clock()
         reset_s = max(1, int(lease.period_end - self._wall()))
         with lease.lock:
+            now = self._clock()
             if quota.rows is not None and lease.rows_used + lease.rows_pending >= quota.rows:
                 raise quota_exceeded("rows", reset_s, rate_headers + self._quota_headers(lease, quota, reset_s))
             if quota.calls is None:
@@ -269,6 +280,9 @@ class LeasedAdmission:
 
     # --- Redis unreachable ------------------------------------------------------------
     def _redis_down(self, exc) -> None:
+        # Drop every pooled connection: after a restart each stale socket would otherwise
+        # fail once more and push the return to shared state back by another 250 ms.
+        self._redis.connection_pool.disconnect()
         if self._clock() >= self._down_until:
             log.warning("admission: Redis unreachable (%s); %s for %.2fs", exc,
                         "refusing" if self._closed_on_failure else "using local shares", 0.25)
@@ -327,19 +341,8 @@ class LeasedAdmission:
         if now < self._down_until:
             return
         for lease in list(self._leases.values()):
-            if lease.rate is not None:
-                self._return_tokens(lease, now)
-            else:
+            if lease.rate is None:
                 self._settle_quota(lease, now)
-
-    def _return_tokens(self, lease: _Lease, now: float) -> None:
-        with lease.lock:
-            if lease.tokens <= 0 or now < lease.expires:
-                return
-            back, lease.tokens = lease.tokens, 0
-            lease.want = max(1, lease.want // 2)
-            rate = lease.rate
-        self._take_tokens(keys=[lease.bucket], args=[rate.per_s / 1000, rate.burst, 0, back])
 
     def _settle_quota(self, lease: _Lease, now: float) -> None:
         with lease.lock:

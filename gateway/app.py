@@ -115,7 +115,7 @@ def _make_admission(settings, sync):
 
 
 def _make_events(settings):
-    if not settings.redis_url:
+    if not settings.redis_url or not settings.events:
         return None
     from fleet.events import RedisEvents  # live events fanned out through a Redis stream
     return RedisEvents(settings.redis_url, settings.events_maxlen, settings.events_max_streams,

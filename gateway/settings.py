@@ -96,7 +96,9 @@ class Settings:
     access_log: bool = _doc(True, "JSON access log of data-plane calls, written by the history thread "
                             "(never by a request thread).")
     access_log_sample: float = _doc(1.0, "Share of calls written to the access log (0 to 1).")
-    events_maxlen: int = _doc(100_000, "Entries kept in the fleet's event stream (`/events` resumes "
+    events: bool = _doc(True, "Live events (`GET /events`): runs and changes of the whole fleet "
+                        "through a Redis stream (one command per history batch).")
+    events_maxlen: int = _doc(2000, "Entries kept in the fleet's event stream (one per history batch or change; `/events` resumes "
                               "from `Last-Event-ID` within them).")
     events_max_streams: int = _doc(16, "Concurrent `/events` streams per worker (each holds a thread).")
     metrics_token: str = _doc("", "When set, `GET /metrics` needs `Authorization: Bearer <token>`.")

@@ -2,9 +2,28 @@
 tables, per-output-column lineage), a key's grants compiled once, and a per-(key, query
 version) call plan that masks results with precomputed index lists.
 
-    analysis = analyze(text.positional, schema)          # save time, stored as analysis.to_doc()
-    call_plan = plan(analysis, Grants.from_doc(key.grants), query_masks, hash_key=mask_key)
-    columns, rows = call_plan.apply(columns, rows)        # per call
+    schema = load_schema(data_conn, ("public",))                  # per connection, cached by the caller
+    analysis = analyze(text.positional, schema, ("public",))      # save time; store analysis.to_doc()
+    grants = Grants.from_doc(key.grants)                          # catalog load
+    call_plan = plan(Analysis.from_doc(doc), grants, query_masks,
+                     hash_key=mask_key, server_allows_writes=settings.allow_writes)  # once per (key, version)
+    columns, rows = call_plan.apply(columns, rows)                # per call: index lists only
+
+Integration notes (for whoever wires it into the gateway):
+
+* **Search path.** ``analyze`` resolves unqualified names through the ``search_path`` it is
+  given (``pg_catalog`` implicitly first, as PostgreSQL does). The data sessions that run
+  the statement must use the same path: pin it in the session options
+  (``-c search_path=public``); ``SET``/``set_config`` are refused, so a caller cannot move it.
+* **Schema drift.** The analysis is as good as the schema it was made against: analyse
+  again when a connection's schema changes. ``CallPlan.apply`` refuses a result whose width
+  differs from the analysed one (``mask_unresolvable``), so an added column never slips out
+  unmasked through ``SELECT *``.
+* **Strings.** The statement is lexed both with and without ``standard_conforming_strings``
+  and refused if the readings differ, so the server setting cannot change what runs; a
+  backslash in a plain ``'...'`` literal that matters must be written ``E'...'``.
+* **Codes.** ``codes.CODES`` holds the new stable codes (analysis: 400; planning: 403);
+  ``write_not_allowed`` and ``invalid_body`` are reused.
 """
 from .analysis import DEFAULT_DENIED, Analysis, OutputColumn, analyze, denied_matcher
 from .codes import CODES

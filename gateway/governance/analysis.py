@@ -32,17 +32,15 @@ How it stays honest:
 """
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-import sqlglot
 from sqlglot import exp
 from sqlglot.dialects.postgres import Postgres
 
 from ..errors import GatewayError, bad_request
 from .lexer import cross_check, lex
-from .schema import Schema, load_schema, qname, split_qname
+from .schema import Schema, load_schema, qname
 
 __all__ = ["analyze", "Analysis", "OutputColumn", "Schema", "load_schema", "DEFAULT_DENIED",
            "denied_matcher"]
@@ -59,8 +57,10 @@ DEFAULT_DENIED: frozenset[str] = frozenset({
     # session state, configuration and sleeping
     "set_config", "pg_sleep*", "pg_reload_conf", "pg_rotate_logfile", "pg_log_backend_memory_contexts",
     "pg_stat_reset*", "pg_stat_statements_reset",
-    # other sessions
-    "pg_terminate_backend", "pg_cancel_backend",
+    # other sessions, and their query texts
+    "pg_terminate_backend", "pg_cancel_backend", "pg_stat_get_activity", "pg_stat_get_backend_activity",
+    # server configuration files
+    "pg_hba_file_rules", "pg_ident_file_mappings", "pg_show_all_file_settings",
     # locks and notifications
     "pg_advisory*", "pg_try_advisory*", "pg_notify",
     # replication, WAL, backups: these read or move every row
@@ -239,11 +239,25 @@ class _Scope:
         return None
 
 
+_ASCII_LOWER = str.maketrans("ABCDEFGHIJKLMNOPQRSTUVWXYZ", "abcdefghijklmnopqrstuvwxyz")
+NAMEDATALEN = 64
+
+
+def _pg_name(text: str, quoted: bool) -> str:
+    """An identifier as PostgreSQL stores it: unquoted ones folded to lower case (ASCII
+    letters only, as ``downcase_identifier`` does in UTF-8), truncated to 63 bytes."""
+    name = text if quoted else text.translate(_ASCII_LOWER)
+    data = name.encode("utf-8")
+    if len(data) >= NAMEDATALEN:
+        name = data[:NAMEDATALEN - 1].decode("utf-8", "ignore")
+    return name
+
+
 def _ident(node) -> str:
     if isinstance(node, exp.Identifier):
-        return node.this if node.quoted else node.this.lower()
+        return _pg_name(node.this, bool(node.quoted))
     if isinstance(node, str):
-        return node.lower()
+        return _pg_name(node, False)
     raise _failed(f"expected a name, found {type(node).__name__}")
 
 
@@ -258,11 +272,12 @@ _QUERIES = (exp.Select, exp.SetOperation, exp.Values, exp.Subquery)
 # Set-returning functions whose output column names are known (single-column ones take the
 # alias, or the function's name, as PostgreSQL does).
 _SINGLE_SRF = frozenset({"generate_series", "generate_subscripts", "regexp_split_to_table", "string_to_table",
-                         "json_array_elements", "json_array_elements_text", "jsonb_array_elements",
-                         "jsonb_array_elements_text", "json_object_keys", "jsonb_object_keys",
-                         "jsonb_path_query", "regexp_matches"})
+                         "json_object_keys", "jsonb_object_keys", "jsonb_path_query", "regexp_matches"})
+# ...and those whose columns are named by their OUT parameters, whatever the alias.
 _MULTI_SRF = {"json_each": ("key", "value"), "jsonb_each": ("key", "value"), "json_each_text": ("key", "value"),
-              "jsonb_each_text": ("key", "value")}
+              "jsonb_each_text": ("key", "value"), "json_array_elements": ("value",),
+              "json_array_elements_text": ("value",), "jsonb_array_elements": ("value",),
+              "jsonb_array_elements_text": ("value",)}
 _TYPED_NAMES = {"explodinggenerateseries": "generate_series", "generateseries": "generate_series",
                 "unnest": "unnest", "groupconcat": "string_agg", "arrayagg": "array_agg"}
 # Words PostgreSQL reads as values where a column name could stand.
@@ -473,14 +488,18 @@ class _Analyzer:
         return [_Col(_output_name(node), src, whole)]
 
     # -- FROM ------------------------------------------------------------------------------------
-    def from_list(self, scope, first, joins) -> None:
+    def from_list(self, scope, first, joins, nested: bool = False) -> None:
         items = [(first, None)] + [(join.this, join) for join in joins]
         for item, join in items:
             if join is not None:
                 self.mark(join)
                 self.check_args(join, {"this", "on", "side", "kind", "using", "method"})
             comma = join is None or not any(join.args.get(k) for k in ("on", "side", "kind", "using", "method"))
-            tree = self.from_item(item, scope)
+            if nested and join is None:
+                self.mark(item)
+                tree = self.table_item(item, scope, nested=True)
+            else:
+                tree = self.from_item(item, scope)
             if comma:
                 scope.trees.append(tree)
             else:
@@ -532,7 +551,7 @@ class _Analyzer:
                     raise _failed("an alias on a parenthesised join")
                 self.check_args(item, {"this"})
                 nested = _Scope(scope.parent, scope.ctes)
-                self.from_list(nested, inner, inner.args["joins"])
+                self.from_list(nested, inner, inner.args["joins"], nested=True)
                 if len(nested.trees) != 1:
                     raise _failed("unsupported parenthesised FROM list")
                 return nested.trees[0]
@@ -590,10 +609,11 @@ class _Analyzer:
             raise _failed("more column aliases than columns")
         return [c.renamed(names[i]) if i < len(names) else c for i, c in enumerate(cols)]
 
-    def table_item(self, item, scope) -> _Tree:
-        if item.args.get("joins"):
+    def table_item(self, item, scope, nested: bool = False) -> _Tree:
+        if item.args.get("joins") and not nested:
             raise _failed("unsupported nested join")
-        self.check_args(item, {"this", "db", "alias", "only", "sample", "ordinality", "rows_from"})
+        allowed = {"this", "db", "alias", "only", "sample", "ordinality", "rows_from"}
+        self.check_args(item, allowed | {"joins"} if nested else allowed)
         alias = item.args.get("alias")
         if alias is not None:
             self.mark(alias)
@@ -933,6 +953,8 @@ class _Analyzer:
             excluded = [_Col(c.name, c.sources | written) for c in target.cols]
             scope = _Scope(None, ctes)
             scope.trees = [target, _Tree([_Rel("excluded", excluded, aliased=True)], excluded)]
+            target_only = _Scope(None, ctes)
+            target_only.trees = [target]
             for part in ("action", "constraint"):
                 if conflict.args.get(part) is not None:
                     for node in conflict.args[part].walk():
@@ -940,7 +962,7 @@ class _Analyzer:
             for key in ("conflict_keys", "index_predicate", "where"):
                 value = conflict.args.get(key)
                 for part in (value if isinstance(value, list) else [value] if value is not None else []):
-                    self.referenced_in(part, scope)
+                    self.referenced_in(part, scope if key == "where" else target_only)
             self.assignments(target, conflict.args.get("expressions") or [], scope)
         scope = _Scope(None, ctes)
         scope.trees = [target]
@@ -1026,7 +1048,7 @@ def _output_name(node) -> str:
     if isinstance(inner, exp.Case):
         return "case"
     if isinstance(inner, exp.Func):
-        return inner.sql_name().lower()
+        return _TYPED_NAMES.get(type(inner).__name__.lower()) or inner.sql_name().lower()
     return "?column?"
 
 
@@ -1043,6 +1065,35 @@ def _statement_kind(root) -> tuple[str, str | None]:
     if isinstance(root, exp.Command):
         word = str(root.this).upper()
     raise _not_allowed(f"statement kind {word} is not allowed")
+
+
+# Keywords sqlglot tokenizes as plain words but keeps as structure, not as names.
+_STRUCTURAL_WORDS = frozenset({"within", "nulls", "first", "last", "at", "time", "zone", "local", "conflict",
+                               "nothing", "matched", "both", "leading", "trailing", "placing", "ties",
+                               "ordinality", "escape", "symmetric", "asymmetric", "do", "no", "key", "of",
+                               "unbounded", "preceding", "following", "current", "row", "rows", "range",
+                               "groups", "exclude", "others"})
+
+
+def _names_survive(tokens, root) -> None:
+    """Every name sqlglot's tokenizer saw (other than a function name) must be in the parse
+    tree: a clause the parser dropped cannot take a table or column out of the analysis."""
+    names: set[str] = set()
+    for node in root.walk():
+        if isinstance(node, exp.Identifier):
+            names.add(str(node.this).lower())
+        elif isinstance(node, exp.Var):
+            names.add(str(node.this).lower())
+        elif isinstance(node, exp.Anonymous) and isinstance(node.this, str):
+            names.add(node.this.lower())
+    for position, token in enumerate(tokens):
+        if token.token_type.name not in ("VAR", "IDENTIFIER"):
+            continue
+        following = tokens[position + 1] if position + 1 < len(tokens) else None
+        if following is not None and following.token_type.name == "L_PAREN":
+            continue
+        if token.text.lower() not in names and token.text.lower() not in _STRUCTURAL_WORDS:
+            raise _failed(f"the parser dropped {token.text!r} from the statement")
 
 
 def _forbidden_nodes(root) -> None:
@@ -1093,7 +1144,8 @@ def analyze(sql: str, schema, search_path: Sequence[str] = ("public",),
         if denied(word):
             raise bad_request("function_not_allowed", f"function {word}() is not allowed")
     try:
-        statements = [s for s in dialect.parser().parse(tokens, sql) if s is not None]
+        statements = [s for s in dialect.parser().parse(tokens, sql)
+                      if s is not None and type(s).__name__ != "Semicolon"]
     except RecursionError:
         raise _failed("the statement is nested too deeply to analyse") from None
     except Exception as error:
@@ -1101,10 +1153,13 @@ def analyze(sql: str, schema, search_path: Sequence[str] = ("public",),
     if len(statements) != 1:
         raise bad_request("multiple_statements", "exactly one statement is allowed")
     root = statements[0]
+    if isinstance(root, exp.Command):   # sqlglot gave up on a statement that starts like a query
+        raise _failed(f"cannot parse the statement ({str(root.this).upper()} ...)")
     kind, write_op = _statement_kind(root)
     analyzer = _Analyzer(schema, search_path, denied)
     try:
         _forbidden_nodes(root)
+        _names_survive(tokens, root)
         cols = analyzer.write(root) if kind == "write" else analyzer.query(root, None, {})
         for node in root.walk():
             if isinstance(node, _CHECKED) and id(node) not in analyzer.seen:
@@ -1113,8 +1168,8 @@ def analyze(sql: str, schema, search_path: Sequence[str] = ("public",),
         raise _failed("the statement is nested too deeply to analyse") from None
     user = ()
     if schema.functions is not None:
-        called = {f.rsplit(".", 1)[-1] for f in analyzer.functions} | set(lexed.calls)
-        user = tuple(sorted(called & schema.functions))
+        called = {f.rsplit(".", 1)[-1].lower() for f in analyzer.functions} | set(lexed.calls)
+        user = tuple(sorted(f for f in schema.functions if f.lower() in called))
     columns = tuple(OutputColumn(c.name, frozenset(qname(*s) for s in c.sources),
                                  frozenset(qname(*w) for w in c.whole)) for c in cols)
     return Analysis(kind=kind, write_op=write_op,

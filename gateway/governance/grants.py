@@ -37,7 +37,7 @@ import hmac
 import ipaddress
 import json
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from datetime import date, datetime, time
 from decimal import Decimal
 from operator import itemgetter
