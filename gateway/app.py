@@ -26,6 +26,7 @@ from .resources.common import AdminCheck, request_id
 from .resources.data import QueryResource
 from .resources.events import Events
 from .resources.health import Health, Ready
+from .schemas import SchemaCache
 from .settings import Settings
 from .state import CatalogHolder
 from .store.schema import migrate
@@ -157,7 +158,8 @@ def create_app(settings: Settings | None = None, sync=None) -> GatewayApp:
     events = _make_events(settings)
     if events is not None:
         history.add_observer(events)
-    manage = Management(settings, sync, box, store_pool)
+    schemas = SchemaCache(settings, box)
+    manage = Management(settings, sync, box, store_pool, schemas)
     if events is not None:
         manage.on_change = events.change
 
@@ -182,6 +184,7 @@ def create_app(settings: Settings | None = None, sync=None) -> GatewayApp:
     history.start()
     app.parts = Parts(settings, holder, pools, history, sync, store_pool, manage, admission, log_listener)
     app.parts.ready = ready
+    app.parts.events = events
     return app
 
 

@@ -12,6 +12,7 @@ from datetime import datetime
 
 import psycopg2.extras
 
+from .governance import Analysis, Grants
 from .limits import Quota, Rate
 from .params import ParamBinder, compile_specs
 from .sqltext import PreparedText
@@ -41,7 +42,8 @@ class Connection:
 class QueryVersion:
     __slots__ = ("query_id", "name", "version", "connection", "sql", "kind", "binder",
                  "value_order", "statement", "prepare_sql", "execute_sql", "stream_sql",
-                 "published_at", "description", "tags", "parameters", "max_affected_rows", "columns")
+                 "published_at", "description", "tags", "parameters", "max_affected_rows", "columns",
+                 "analysis", "masks")
 
     def __init__(self, name: str, row: dict, connection: Connection):
         analysis = row["extra"]["analysis"]
@@ -65,6 +67,10 @@ class QueryVersion:
         self.published_at = row["published_at"]
         self.max_affected_rows = row["extra"].get("max_affected_rows")
         self.columns = None   # learned from the first result (see execution.runner)
+        governance = row["extra"].get("governance")
+        # Versions saved before governance existed have no analysis: refused at plan time.
+        self.analysis = Analysis.from_doc(governance) if governance else None
+        self.masks = row["extra"].get("mask")
         types = ", ".join(SQL_TYPES[specs[by_name[n]].kind] for n in text.order)
         n = len(text.order)
         if self.kind == "read":
@@ -102,7 +108,7 @@ class Query:
 
 class ApiKey:
     __slots__ = ("id", "name", "prefix", "digest", "queries", "connections", "expires_at", "active",
-                 "rate", "quota", "grants")
+                 "rate", "quota", "governance", "grants")
 
     def __init__(self, row: dict):
         grants = row["grants"] or {}
@@ -118,6 +124,7 @@ class ApiKey:
         self.rate = Rate.parse(grants["rate_limit"], grants.get("rate_limit_burst")) \
             if grants.get("rate_limit") else None
         self.quota = Quota.parse(grants["quota"]) if grants.get("quota") else None
+        self.governance = Grants.from_doc(grants)
         self.grants = grants
 
     def expired(self, now: float) -> bool:
@@ -125,7 +132,7 @@ class ApiKey:
 
 
 class Catalog:
-    __slots__ = ("generation", "keys", "queries", "connections", "loaded_at")
+    __slots__ = ("generation", "keys", "queries", "connections", "loaded_at", "plans")
 
     def __init__(self, generation: int, keys: dict, queries: dict, connections: dict):
         self.generation = generation
@@ -133,6 +140,9 @@ class Catalog:
         self.queries = queries            # name -> Query
         self.connections = connections    # name -> Connection
         self.loaded_at = time.monotonic()
+        # (key id, statement) -> CallPlan or the GatewayError refusing it; filled on first
+        # use and dropped with the whole catalog on reload, so grants and plans never disagree.
+        self.plans: dict = {}
 
     @classmethod
     def empty(cls) -> "Catalog":

@@ -97,6 +97,13 @@ CODES: dict[str, tuple[int, str]] = {
 }
 
 
+# Governance adds its own codes (analysis: 400, planning: 403); imported last, because
+# gateway.governance itself raises through the helpers above.
+from .governance.codes import CODES as _GOVERNANCE_CODES  # noqa: E402
+
+CODES.update(_GOVERNANCE_CODES)
+
+
 def markdown_table() -> str:
     rows = ["| Status | Code | Meaning |", "| --- | --- | --- |"]
     for code, (status, meaning) in sorted(CODES.items(), key=lambda kv: (kv[1][0], kv[0])):

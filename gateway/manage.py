@@ -18,6 +18,8 @@ import psycopg2.pool
 
 from . import crypto
 from .errors import GatewayError, bad_request, conflict, not_found, unavailable
+from .catalog import Connection
+from .governance import Grants, analyze, compile_masks
 from .limits import Quota, Rate
 from .params import compile_specs
 from .sqltext import prepare_text
@@ -25,9 +27,11 @@ from .sqltext import prepare_text
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 CONNECTION_FIELDS = {"name", "db", "host", "port", "database", "user", "password", "active", "options"}
 QUERY_FIELDS = {"name", "connection_name", "sql", "parameters", "publish", "description", "tags",
-                "max_affected_rows"}
+                "max_affected_rows", "mask"}
 KEY_FIELDS = {"name", "queries", "connections", "expires_at", "active", "rate_limit", "rate_limit_burst",
-              "quota", "allow_writes"}
+              "quota", "allow_writes", "allowed_tables", "mask", "allowed_write_ops", "max_rows", "query_timeout",
+              "allowed_ips"}
+GOVERNANCE_FIELDS = ("allowed_tables", "mask", "allowed_write_ops", "max_rows", "query_timeout", "allowed_ips")
 
 
 class Actor:
@@ -132,7 +136,8 @@ def _expires(body: dict):
 
 
 class Management:
-    def __init__(self, settings, sync, password_box: crypto.PasswordBox, store_pool):
+    def __init__(self, settings, sync, password_box: crypto.PasswordBox, store_pool, schemas=None):
+        self._schemas = schemas
         self._settings = settings
         self._sync = sync
         self._box = password_box
@@ -284,12 +289,16 @@ class Management:
         connection_name = body.get("connection_name")
         if not isinstance(connection_name, str):
             raise bad_request("invalid_body", "connection_name is required", errors={"connection_name": "is required"})
-        cur.execute("SELECT id FROM gw_connections WHERE name = %s", (connection_name,))
+        cur.execute("SELECT * FROM gw_connections WHERE name = %s", (connection_name,))
         row = cur.fetchone()
         if row is None:
             raise not_found("connection_not_found", f"connection '{connection_name}' not found")
         specs = compile_specs(body.get("parameters"))
         text = prepare_text(body.get("sql"), frozenset(s.name for s in specs))
+        masks = body.get("mask")
+        compile_masks(masks)  # checked now; applied per key at plan time
+        # Save-time analysis against the connection's schema (fails closed with its code).
+        governance = self._analyze(Connection(row), text.positional)
         description = body.get("description") or ""
         if not isinstance(description, str):
             raise bad_request("invalid_body", "description must be a string", errors={"description": "must be a string"})
@@ -297,7 +306,9 @@ class Management:
             raise bad_request("invalid_body", "publish must be true or false", errors={"publish": "must be true or false"})
         analysis = {"positional": text.positional, "pyformat": text.pyformat, "order": list(text.order),
                     "kind": text.kind}
-        extra = {"analysis": analysis}
+        extra = {"analysis": analysis, "governance": governance.to_doc()}
+        if masks:
+            extra["mask"] = masks
         max_rows = body.get("max_affected_rows")
         if max_rows is not None:
             if isinstance(max_rows, bool) or not isinstance(max_rows, int) or max_rows < 0:
@@ -308,6 +319,11 @@ class Management:
                 "parameters": psycopg2.extras.Json({s.name: s.to_doc() for s in specs}),
                 "description": description, "tags": psycopg2.extras.Json(_str_list(body, "tags")),
                 "extra": psycopg2.extras.Json(extra)}
+
+    def _analyze(self, connection: Connection, positional_sql: str):
+        """Save-time analysis against the connection's schema, read afresh."""
+        return analyze(positional_sql, self._schemas.fresh(connection), self._settings.search_path_tuple(),
+                       allowed_functions=self._settings.allowed_functions())
 
     def _insert_version(self, cur, query_id: int, version: int, values: dict, publish: bool) -> None:
         values = dict(values, query_id=query_id, version=version)
@@ -459,6 +475,13 @@ class Management:
                 Rate.parse(rate_text, burst)  # checked now, so the catalog never holds a bad one
                 grants["rate_limit"] = rate_text
                 grants["rate_limit_burst"] = burst
+        for field in GOVERNANCE_FIELDS:
+            if field in body:
+                if body[field] is None:
+                    grants.pop(field, None)
+                else:
+                    grants[field] = body[field]
+        Grants.from_doc(grants)  # checked now, so the catalog never holds a bad one
         if "quota" in body:
             if body["quota"] is None:
                 grants.pop("quota", None)

@@ -146,8 +146,8 @@ class MetricsResource:
     def on_get(self, req, resp):
         if self._token is not None:
             import hmac
-            given = req.env.get("HTTP_AUTHORIZATION", "").removeprefix("Bearer ").encode()
-            if not hmac.compare_digest(given, self._token):
+            scheme, _, given = req.env.get("HTTP_AUTHORIZATION", "").partition(" ")
+            if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), self._token):
                 from .errors import unauthorized
                 raise unauthorized("metrics need Authorization: Bearer <GATEWAY_METRICS_TOKEN>")
         from prometheus_client import CONTENT_TYPE_LATEST

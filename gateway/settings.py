@@ -59,6 +59,13 @@ class Settings:
                                   "server-side cursor (bounds memory).")
     connect_timeout_s: int = _doc(3, "Timeout for opening a data or store session.")
 
+    mask_key: str = _doc("", "Key of the `hash` mask (HMAC-SHA256), read once at start-up. Empty: "
+                         "derived from `GATEWAY_SECRET_KEY`.")
+    search_path: str = _doc("public", "The `search_path` pinned on every data session and used to "
+                            "resolve table names when a query is analysed (comma-separated).")
+    allow_functions: str = _doc("", "Function names lifted from the deny list of the analysis "
+                                "(comma-separated, exact names, e.g. `pg_sleep`).")
+    adhoc_cache: int = _doc(1000, "Distinct ad-hoc statements whose analysis each worker keeps.")
     allow_writes: bool = _doc(False, "Server ceiling for writes: saved queries that write run only "
                               "when this is on and the key has `allow_writes`.")
 
@@ -134,6 +141,16 @@ class Settings:
         if self.workers > 0:
             return self.workers
         return max(1, len(self.usable_cpus()) or len(os.sched_getaffinity(0)))
+
+    def search_path_tuple(self) -> tuple[str, ...]:
+        return tuple(p.strip() for p in self.search_path.split(",") if p.strip())
+
+    def allowed_functions(self) -> tuple[str, ...]:
+        return tuple(p.strip() for p in self.allow_functions.split(",") if p.strip())
+
+    def mask_key_bytes(self) -> bytes:
+        import hashlib
+        return (self.mask_key or hashlib.sha256(b"mask:" + self.secret_key.encode()).hexdigest()).encode()
 
     def effective_pool_size(self) -> int:
         return self.pool_size or self.threads

@@ -127,7 +127,7 @@ def prepare_text(sql: str, declared: frozenset[str]) -> PreparedText:
         raise bad_request("invalid_sql", "sql contains a NUL character")
     placeholders, semicolons, end = scan(sql)
     if semicolons:
-        raise bad_request("invalid_sql", "exactly one statement is allowed")
+        raise bad_request("multiple_statements", "exactly one statement is allowed")
     sql = sql[:end]  # the statement without its terminating ";" and any comment after it
     order: list[str] = []
     positional, pyformat, last = [], [], 0
@@ -152,7 +152,7 @@ def statement_kind(positional_sql: str) -> str:
     except sqlglot.errors.SqlglotError as exc:
         raise bad_request("invalid_sql", f"cannot parse the statement: {str(exc).splitlines()[0]}") from None
     if len(statements) != 1:
-        raise bad_request("invalid_sql", "exactly one statement is allowed")
+        raise bad_request("multiple_statements", "exactly one statement is allowed")
     statement = statements[0]
     if isinstance(statement, WRITE_KINDS):
         return "write"

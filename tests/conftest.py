@@ -29,8 +29,8 @@ from gateway.settings import Settings
 from services import start_postgres, start_redis
 
 ROOT = Path(__file__).resolve().parent.parent
-PG_PORT = 54439
-REDIS_PORT = 63839
+PG_PORT = int(os.environ.get("GATEWAY_TEST_PG_PORT", "54439"))  # overridable: two suites at once
+REDIS_PORT = int(os.environ.get("GATEWAY_TEST_REDIS_PORT", "63839"))
 ADMIN_KEY = "test-admin-" + uuid.uuid4().hex
 SECRET_KEY = "test-secret-" + uuid.uuid4().hex
 # Connections refer to the demo database's password as ${GW_TEST_DEMO_PASSWORD}: the
@@ -71,7 +71,9 @@ def services(tmp_path_factory):
 def settings(services, tmp_path_factory) -> Settings:
     return Settings(database_url=services.pg.url("gateway"), redis_url=services.redis.url(),
                     admin_key=ADMIN_KEY, secret_key=SECRET_KEY,
-                    home=str(tmp_path_factory.mktemp("gw-home")), log_level="warning")
+                    home=str(tmp_path_factory.mktemp("gw-home")), log_level="warning",
+                    # Timeout tests need a slow statement; the deny list refuses pg_sleep by default.
+                    allow_functions="pg_sleep")
 
 
 @pytest.fixture(scope="session")
@@ -298,6 +300,7 @@ def gunicorn(settings, services, tmp_path_factory, app):
     env.update({"GATEWAY_DATABASE_URL": settings.database_url, "GATEWAY_REDIS_URL": settings.redis_url,
                 "GATEWAY_ADMIN_KEY": ADMIN_KEY, "GATEWAY_SECRET_KEY": SECRET_KEY,
                 "GATEWAY_WORKERS": "2", "GATEWAY_HOME": str(home), "GATEWAY_LOG_LEVEL": "warning",
+                "GATEWAY_ALLOW_FUNCTIONS": "pg_sleep",
                 PASSWORD_ENV: services.pg.password()})
     log_path = home / "gunicorn.log"
     log = open(log_path, "wb")

@@ -114,20 +114,28 @@ def test_server_statement_timeout(make_app, endpoint):
 
 
 # --- database outcomes ---------------------------------------------------------------------
-def test_data_errors_are_400_and_the_session_recovers(api, endpoint):
+def test_data_errors_are_400_and_the_session_recovers(api, endpoint, superuser):
     ep = endpoint("SELECT 10 / :d AS q", {"d": {"type": "int", "required": True}})
     failed = api.call(ep.query, ep.secret, {"d": "0"})
     assert failed.status == 400 and failed.json["code"] == "query_failed", failed
     assert failed.json["sqlstate"] == "22012" and "division by zero" in failed.json["error"]
     assert api.call(ep.query, ep.secret, {"d": "5"}).json == [{"q": 2}]
-    missing = endpoint("SELECT * FROM no_such_table")
+    # A table dropped after the query was saved (saving checks that it exists).
+    table = unique("gone").lower()
+    superuser(f"CREATE TABLE {table} (id int)", db="demo")
+    missing = endpoint(f"SELECT id FROM {table}")
+    superuser(f"DROP TABLE {table}", db="demo")
     got = api.call(missing.query, missing.secret)
     assert got.status == 400 and got.json["sqlstate"] == "42P01"
     assert api.call(missing.query, missing.secret).json["code"] == "query_failed"
 
 
-def test_sessions_are_read_only(api, endpoint):
-    ep = endpoint("SELECT id FROM orders WHERE id = 1 FOR UPDATE")
+def test_sessions_are_read_only(api, endpoint, superuser):
+    # The analysis refuses what it sees (FOR UPDATE, writable CTEs...); the session is the
+    # second line: a read that writes through a function is refused by PostgreSQL itself.
+    sequence = unique("seq").lower()
+    superuser(f"CREATE SEQUENCE {sequence}", db="demo")
+    ep = endpoint(f"SELECT nextval('{sequence}') AS n")
     got = api.call(ep.query, ep.secret)
     assert got.status == 403 and got.json["code"] == "write_not_allowed", got
 
@@ -168,8 +176,10 @@ def test_inactive_connection(api):
 
 
 def test_unreachable_database(api):
-    connection = api.connection(port=free_port())  # nothing listens there
+    connection = api.connection()
     ep = api.endpoint("SELECT 1 AS one", connection=connection)
+    # Saved while reachable (saving reads the schema); now nothing listens there.
+    assert api.manage("PATCH", f"/connections/{connection}", {"port": free_port()}).status == 200
     got = api.call(ep.query, ep.secret)
     assert got.status == 503 and got.json["code"] == "database_unavailable", got
     assert got.headers["Retry-After"] == "1"

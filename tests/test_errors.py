@@ -122,8 +122,30 @@ def _inactive(ctx):
 
 
 def _unreachable(ctx):
-    ep = ctx.api.endpoint("SELECT 1", connection=ctx.api.connection(port=free_port()))
+    # Saved while reachable (saving reads the schema), then pointed at a port nobody serves.
+    connection = ctx.api.connection()
+    ep = ctx.api.endpoint("SELECT 1", connection=connection)
+    assert ctx.api.manage("PATCH", f"/connections/{connection}", {"port": free_port()}).status == 200
     return ctx.api.call(ep.query, ep.secret)
+
+
+def _save(sql):
+    return lambda ctx: ctx.api.manage("POST", "/queries", {"name": unique("q"), "connection_name": ctx.demo,
+                                                           "sql": sql})
+
+
+def _function_opaque(ctx):
+    name = unique("f").lower()
+    ctx.superuser(f"CREATE FUNCTION {name}() RETURNS int LANGUAGE sql AS 'SELECT 1'", db="demo")
+    return _call(f"SELECT {name}() AS one", key_fields={"allowed_tables": ["public.customers"]})(ctx)
+
+
+def _write_op_not_allowed(ctx):
+    ep = ctx.endpoint("DELETE FROM orders WHERE id = -1")
+    secret = ctx.api.key([ep.query], [ep.connection], allow_writes=True, allowed_write_ops=["insert"])
+    app = ctx.make_app(sync=LocalSync(), allow_writes=True)   # loads the catalog made above
+    client = falcon.testing.TestClient(app)
+    return client.simulate_get(f"/q/{ep.query}", headers={"X-API-Key": secret})
 
 
 def _call(sql, params=None, query_string=None, spec=None, body=None, key_fields=None):
@@ -160,8 +182,20 @@ PRODUCERS = {
     "invalid_stream": _call("SELECT 1", {"stream": "true", "format": "json"}),
     "invalid_version": _call("SELECT 1", {"version": "abc"}),
     "invalid_sql": lambda ctx: ctx.api.manage("POST", "/queries", {"name": unique("q"), "connection_name": ctx.demo,
-                                                                    "sql": "SELECT 1; SELECT 2"}),
-    "query_failed": _call("SELECT * FROM no_such_table"),
+                                                                    "sql": "SELECT 'unterminated"}),
+    "multiple_statements": _save("SELECT 1; SELECT 2"),
+    "sql_not_allowed": _save("SELECT id FROM orders FOR UPDATE"),
+    "function_not_allowed": _save("SELECT pg_read_file('/etc/passwd') AS f"),
+    "unknown_table": _save("SELECT * FROM no_such_table"),
+    "unknown_column": _save("SELECT no_such_column FROM customers"),
+    "analysis_failed": _save("SELECT * FROM customers c, LATERAL pg_catalog.json_each('{}')"),
+    "table_not_allowed": _call("SELECT id FROM customers", key_fields={"allowed_tables": ["public.orders"]}),
+    "mask_unresolvable": _call("SELECT row_to_json(c) AS r FROM customers c",
+                               key_fields={"mask": [{"column": "customers.email", "action": "hash"}]}),
+    "ip_not_allowed": _call("SELECT 1 AS one", key_fields={"allowed_ips": ["10.0.0.0/8"]}),
+    "function_opaque": lambda ctx: _function_opaque(ctx),
+    "write_op_not_allowed": lambda ctx: _raw(_write_op_not_allowed(ctx)),
+    "query_failed": _call("SELECT 10 / :d AS q", {"d": "0"}, spec={"d": {"type": "int"}}),
     "unauthorized": lambda ctx: ctx.api.call(ctx.endpoint("SELECT 1").query, None),
     "key_expired": _call("SELECT 1", key_fields={"expires_at": "2001-01-01T00:00:00Z"}),
     "query_not_allowed": lambda ctx: ctx.api.call(ctx.endpoint("SELECT 1").query, ctx.endpoint("SELECT 2").secret),

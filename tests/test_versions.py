@@ -89,7 +89,7 @@ def test_add_version_checks(api, demo_connection):
     assert renamed.status == 400 and renamed.json["code"] == "invalid_body"
     bad_sql = api.manage("POST", f"/queries/{name}/versions",
                          {"connection_name": demo_connection, "sql": "DELETE FROM orders; SELECT 1"})
-    assert bad_sql.status == 400 and bad_sql.json["code"] == "invalid_sql"
+    assert bad_sql.status == 400 and bad_sql.json["code"] == "multiple_statements"
     assert statuses(api, name) == {1: "published"}
 
 

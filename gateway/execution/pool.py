@@ -96,8 +96,11 @@ class SessionPool:
             self._discard(session)
 
 
-def session_options(statement_timeout_ms: int, read_only: bool) -> str:
-    opts = f"-c statement_timeout={int(statement_timeout_ms)} -c idle_in_transaction_session_timeout=60000"
+def session_options(statement_timeout_ms: int, read_only: bool, search_path: str = "public") -> str:
+    # The search path is pinned: the analysis resolved table names through it.
+    path = search_path.replace(" ", "").replace(",", "\\,")
+    opts = (f"-c statement_timeout={int(statement_timeout_ms)} -c idle_in_transaction_session_timeout=60000"
+            f" -c search_path={path}")
     if read_only:
         opts += " -c default_transaction_read_only=on"
     return opts

@@ -59,7 +59,8 @@ class Pools:
                 "user": connection.username, "password": self._box.open(connection.password) or None,
                 "connect_timeout": self._settings.connect_timeout_s,
                 "application_name": "gateway-fleet",
-                "options": session_options(self._settings.statement_timeout_ms, read_only=not writable)}
+                "options": session_options(self._settings.statement_timeout_ms, read_only=not writable,
+                                           search_path=self._settings.search_path)}
 
     def open_sessions(self) -> int:
         return sum(pool.open_count for pool in list(self._pools.values()))

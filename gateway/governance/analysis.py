@@ -78,14 +78,16 @@ DEFAULT_DENIED: frozenset[str] = frozenset({
 })
 
 
-def denied_matcher(denied: Iterable[str]):
-    """A predicate ``name -> bool`` for a deny list (case-insensitive; ``x*`` is a prefix)."""
+def denied_matcher(denied: Iterable[str], allowed: Iterable[str] = ()):
+    """A predicate ``name -> bool`` for a deny list (case-insensitive; ``x*`` is a prefix),
+    minus the exact names an operator lifted (``GATEWAY_ALLOW_FUNCTIONS``)."""
     exact = {d.lower() for d in denied if not d.endswith("*")}
     prefixes = tuple(d[:-1].lower() for d in denied if d.endswith("*"))
+    lifted = frozenset(a.lower() for a in allowed)
 
     def match(name: str) -> bool:
         low = name.lower()
-        return low in exact or (bool(prefixes) and low.startswith(prefixes))
+        return low not in lifted and (low in exact or (bool(prefixes) and low.startswith(prefixes)))
     return match
 
 
@@ -1113,7 +1115,7 @@ def _forbidden_nodes(root) -> None:
 
 
 def analyze(sql: str, schema, search_path: Sequence[str] = ("public",),
-            denied_functions: Iterable[str] = DEFAULT_DENIED) -> Analysis:
+            denied_functions: Iterable[str] = DEFAULT_DENIED, allowed_functions: Iterable[str] = ()) -> Analysis:
     """Analyse one statement in positional form against ``schema`` (a :class:`Schema` or a
     mapping ``{"schema.table": (column, ...)}``). Raises ``GatewayError`` (400) when the
     statement is refused or cannot be analysed with certainty."""
@@ -1124,7 +1126,7 @@ def analyze(sql: str, schema, search_path: Sequence[str] = ("public",),
     if "\x00" in sql:
         raise bad_request("analysis_failed", "the statement contains a NUL character")
     schema = Schema.coerce(schema)
-    denied = denied_matcher(denied_functions)
+    denied = denied_matcher(denied_functions, allowed_functions)
     dialect = Postgres()
     plain = lex(sql)    # PostgreSQL's own reading: statement count and first keyword, before sqlglot
     if plain.statements > 1:

@@ -11,7 +11,7 @@ import time
 
 import orjson
 
-from .. import crypto
+from .. import crypto, governance
 from ..errors import GatewayError, bad_request, forbidden, not_found, unauthorized
 from ..execution import runner
 from ..execution.formats import CONTENT_TYPES, FORMATS, RENDERERS, STREAM_FORMATS, stream_chunks
@@ -81,6 +81,29 @@ class CallArgs:
         return wanted if wanted < server_ms else None
 
 
+def lower_timeout(asked_ms, key_limit_s, server_ms: int):
+    """The statement timeout of a call: the lowest of the caller's, the key's and the
+    server's; None when it is the server's own (set once per session)."""
+    if key_limit_s is not None:
+        key_ms = max(1, int(key_limit_s * 1000))
+        asked_ms = key_ms if asked_ms is None else min(asked_ms, key_ms)
+    return asked_ms if asked_ms is not None and asked_ms < server_ms else None
+
+
+def _at_most(batches, limit: int):
+    """A stream capped at the key's ``max_rows`` (closing the cursor early when reached)."""
+    left = limit
+    try:
+        for batch in batches:
+            if len(batch) >= left:
+                yield batch[:left]
+                return
+            left -= len(batch)
+            yield batch
+    finally:
+        batches.close()
+
+
 def _split(raw: dict) -> tuple[dict, dict]:
     reserved = {k: raw[k] for k in RESERVED if k in raw}
     if not reserved:
@@ -88,8 +111,27 @@ def _split(raw: dict) -> tuple[dict, dict]:
     return {k: v for k, v in raw.items() if k not in RESERVED}, reserved
 
 
+def call_plan(catalog, key, qv, settings, mask_key: bytes):
+    """What this key gets from this query version (``gateway.governance.plan``), computed
+    on first use and kept with the catalog snapshot; a refusal is kept too."""
+    cache_key = (key.id, qv.statement)
+    got = catalog.plans.get(cache_key)
+    if got is None:
+        try:
+            if qv.analysis is None:
+                raise bad_request("analysis_failed", "this version was saved without an analysis; save it again")
+            got = governance.plan(qv.analysis, key.governance, qv.masks, hash_key=mask_key,
+                                  server_allows_writes=settings.allow_writes)
+        except GatewayError as exc:
+            got = (exc.status, exc.code, exc.message, exc.extra, exc.headers)
+        catalog.plans[cache_key] = got
+    if type(got) is tuple:  # a fresh exception each time: one raised twice would grow its traceback
+        raise GatewayError(got[0], got[1], got[2], extra=got[3], headers=got[4])
+    return got
+
+
 class QueryResource:
-    __slots__ = ("_holder", "_pools", "_history", "_settings", "_admission", "_hops", "_defaults")
+    __slots__ = ("_holder", "_pools", "_history", "_settings", "_admission", "_hops", "_defaults", "_mask_key")
 
     def __init__(self, holder, pools, history, settings, admission):
         self._holder = holder
@@ -99,6 +141,7 @@ class QueryResource:
         self._admission = admission
         self._hops = settings.trust_proxy
         self._defaults = CallArgs({}, settings)  # most calls pass no reserved argument: parse once
+        self._mask_key = settings.mask_key_bytes()
 
     def on_get(self, req, resp, name):
         params, reserved = _split(req.params)
@@ -127,21 +170,23 @@ class QueryResource:
         admission = self._admission
         env = req.env
         try:
-            limits = admission.admit_ip(client_ip(env, self._hops))
+            ip = client_ip(env, self._hops)
+            limits = admission.admit_ip(ip)
             catalog = self._holder.current()
             key = self._authenticate(env.get("HTTP_X_API_KEY"), catalog)
+            if key.governance.allowed_ips is not None:
+                key.governance.check_ip(ip)
             qv = self._resolve(catalog, key, name, reserved.get("version"))
+            plan = call_plan(catalog, key, qv, self._settings, self._mask_key)
             limits += admission.admit_key(key)
             args = CallArgs(reserved, self._settings) if reserved else self._defaults
             bound = qv.binder.bind(params, from_text)
-            writable = qv.kind == "write"
-            if writable and not (self._settings.allow_writes and key.grants.get("allow_writes") is True):
-                raise forbidden("write_not_allowed", "this query writes; the key or the server does not allow writes")
-            pool = self._pools.get(qv.connection, writable)
+            pool = self._pools.get(qv.connection, qv.kind == "write")
+            timeout_ms = lower_timeout(args.timeout_ms, plan.query_timeout, self._settings.statement_timeout_ms)
             if args.stream:
-                rows = self._stream(resp, pool, qv, bound, args)
+                rows = self._stream(resp, pool, qv, bound, args, plan, timeout_ms)
             else:
-                rows = self._page(resp, pool, qv, bound, args)
+                rows = self._page(resp, pool, qv, bound, args, plan, timeout_ms)
             for header, value in limits:
                 resp.set_header(header, value)
             if rows:
@@ -188,17 +233,20 @@ class QueryResource:
                                headers={"Retry-After": "60"})
         return qv
 
-    def _page(self, resp, pool, qv, bound, args) -> int:
+    def _page(self, resp, pool, qv, bound, args, plan, timeout_ms) -> int:
         size = args.page_size
+        if plan.max_rows is not None and plan.max_rows < size:
+            size = plan.max_rows   # the key's max_rows: pages of that size
         values = qv.values(bound)
         if qv.kind == "read":
             values += (size + 1, (args.page - 1) * size)
-        result = runner.execute(pool, qv, values, args.timeout_ms)
+        result = runner.execute(pool, qv, values, timeout_ms)
         rows = result.rows
         has_more = len(rows) > size
         if has_more:
             rows = rows[:size]
-        resp.data = RENDERERS[args.fmt](result.columns, rows)
+        columns, rows = plan.apply(result.columns, rows)
+        resp.data = RENDERERS[args.fmt](columns, rows)
         resp.content_type = CONTENT_TYPES[args.fmt]
         resp.set_header("X-Page", str(args.page))
         resp.set_header("X-Page-Size", str(size))
@@ -208,11 +256,17 @@ class QueryResource:
             resp.set_header("X-Rows-Affected", str(max(result.rowcount, 0)))
         return len(rows)
 
-    def _stream(self, resp, pool, qv, bound, args) -> None:
+    def _stream(self, resp, pool, qv, bound, args, plan, timeout_ms) -> None:
         if qv.kind != "read":
             raise bad_request("invalid_stream", "only reads can be streamed")
-        columns, batches = runner.stream(pool, qv, qv.stream_args(bound), args.timeout_ms,
+        columns, batches = runner.stream(pool, qv, qv.stream_args(bound), timeout_ms,
                                          self._settings.stream_fetch_rows)
+        if not plan.identity:
+            out = plan.columns(columns)
+            batches = (plan.apply(columns, batch)[1] for batch in batches)
+            columns = out
+        if plan.max_rows is not None:
+            batches = _at_most(batches, plan.max_rows)
         resp.stream = stream_chunks(args.fmt, columns, batches)
         resp.content_type = CONTENT_TYPES[args.fmt]
         resp.set_header("X-Stream", "true")

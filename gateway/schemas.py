@@ -1,0 +1,73 @@
+"""The data databases' schemas, for the analysis (``gateway.governance``).
+
+Saving a query reads its connection's schema afresh (a management call may wait for it; a
+call of a saved query never does: its analysis was stored with it). Ad-hoc statements use the copy
+each worker keeps: read on the first ad-hoc statement for a connection, then refreshed in
+the background once it is older than ``ttl_s``; a changed connection is a new copy.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+import psycopg2
+
+from .errors import unavailable
+from .governance import Schema, load_schema
+
+log = logging.getLogger("gateway.schemas")
+
+
+class SchemaCache:
+    def __init__(self, settings, password_box, ttl_s: float = 30.0):
+        self._settings = settings
+        self._box = password_box
+        self._ttl_s = ttl_s
+        self._schemas: dict[tuple, tuple[float, Schema]] = {}
+        self._lock = threading.Lock()
+        self._loading: set = set()
+
+    def _load(self, connection) -> Schema:
+        try:
+            conn = psycopg2.connect(host=connection.host, port=connection.port, dbname=connection.database,
+                                    user=connection.username, password=self._box.open(connection.password) or None,
+                                    connect_timeout=self._settings.connect_timeout_s,
+                                    application_name="gateway-fleet-schema",
+                                    options=f"-c search_path={self._settings.search_path.replace(' ', '')}")
+        except psycopg2.OperationalError:
+            raise unavailable("database_unavailable", f"connection '{connection.name}' cannot be reached to "
+                              "read its schema") from None
+        try:
+            conn.set_session(readonly=True, autocommit=True)
+            schema = load_schema(conn, self._settings.search_path_tuple())
+        finally:
+            conn.close()
+        with self._lock:
+            self._schemas[connection.identity] = (time.monotonic(), schema)
+        return schema
+
+    def fresh(self, connection) -> Schema:
+        """For saving a query: read now. A table or function created a moment ago must be
+        seen (a user-defined function missed here would pass as a built-in one)."""
+        return self._load(connection)
+
+    def for_adhoc(self, connection) -> Schema:
+        """For an ad-hoc statement: the worker's copy. Only the first statement on a
+        connection waits for it; a stale copy is served while a fresh one loads behind."""
+        held = self._schemas.get(connection.identity)
+        if held is None:
+            return self._load(connection)
+        if time.monotonic() - held[0] >= self._ttl_s and connection.identity not in self._loading:
+            self._loading.add(connection.identity)
+            threading.Thread(target=self._reload_behind, args=(connection,), name="gateway-schema",
+                             daemon=True).start()
+        return held[1]
+
+    def _reload_behind(self, connection) -> None:
+        try:
+            self._load(connection)
+        except Exception as exc:  # unreachable: keep serving the copy we have
+            log.warning("schema of connection %s not refreshed: %s", connection.name, exc)
+        finally:
+            self._loading.discard(connection.identity)
