@@ -23,6 +23,7 @@ from .middleware import RequestId
 from .observe import AccessLog, Metrics, MetricsResource, setup_logging
 from .resources import management
 from .resources.common import AdminCheck, request_id
+from .resources.adhoc import AdHoc
 from .resources.data import QueryResource
 from .resources.events import Events
 from .resources.health import Health, Ready
@@ -171,6 +172,7 @@ def create_app(settings: Settings | None = None, sync=None) -> GatewayApp:
 
     admin = AdminCheck(settings.admin_key)
     app.add_route("/q/{name}", QueryResource(holder, pools, history, settings, admission))
+    app.add_route("/execute_sql", AdHoc(holder, pools, history, settings, admission, schemas))
     app.add_route("/api/v1/usage/quotas", management.QuotaUsage(admission, holder, admin))
     for path, resource in management.ROUTES:
         app.add_route(path, resource(manage, admin, settings))

@@ -120,6 +120,34 @@ def execute(pool: SessionPool, qv: QueryVersion, args: tuple, timeout_ms: int | 
         pool.release(session, broken)
 
 
+def execute_text(pool: SessionPool, sql: str, args: dict, timeout_ms: int | None, write: bool) -> Result:
+    """An ad-hoc statement (already analysed), its values bound by the driver: one round
+    trip for a read; a write inside BEGIN ... COMMIT."""
+    session = pool.acquire()
+    broken = False
+    cur = session.cursor
+    try:
+        prefix = f"SET LOCAL statement_timeout = {int(timeout_ms)}; " if timeout_ms is not None else ""
+        if write:
+            prefix = "BEGIN; " + prefix
+        cur.execute(prefix + sql, args)
+        columns = () if cur.description is None else tuple(unique_names(d.name for d in cur.description))
+        result = Result(columns, cur.fetchall() if columns else [], cur.rowcount)
+        if write:
+            cur.execute("COMMIT")
+        return result
+    except psycopg2.Error as exc:
+        broken = _is_broken(exc)
+        raise translate(exc) from None
+    finally:
+        if not broken and session.conn.info.transaction_status != psycopg2.extensions.TRANSACTION_STATUS_IDLE:
+            try:
+                cur.execute("ROLLBACK")
+            except psycopg2.Error:
+                broken = True
+        pool.release(session, broken)
+
+
 def _columns(qv: QueryVersion, description) -> tuple:
     """A prepared statement's columns never change: name them once per query version."""
     if description is None:
