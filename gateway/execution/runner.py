@@ -112,12 +112,7 @@ def execute(pool: SessionPool, qv: QueryVersion, args: tuple, timeout_ms: int | 
             _learn_prepared(session, qv)
         raise translate(exc) from None
     finally:
-        if not broken and session.conn.info.transaction_status != psycopg2.extensions.TRANSACTION_STATUS_IDLE:
-            try:
-                cur.execute("ROLLBACK")
-            except psycopg2.Error:
-                broken = True
-        pool.release(session, broken)
+        _give_back(pool, session, broken)
 
 
 def execute_text(pool: SessionPool, sql: str, args: dict, timeout_ms: int | None, write: bool) -> Result:
@@ -140,12 +135,17 @@ def execute_text(pool: SessionPool, sql: str, args: dict, timeout_ms: int | None
         broken = _is_broken(exc)
         raise translate(exc) from None
     finally:
-        if not broken and session.conn.info.transaction_status != psycopg2.extensions.TRANSACTION_STATUS_IDLE:
-            try:
-                cur.execute("ROLLBACK")
-            except psycopg2.Error:
-                broken = True
-        pool.release(session, broken)
+        _give_back(pool, session, broken)
+
+
+def _give_back(pool: SessionPool, session: Session, broken: bool) -> None:
+    """Return a session to its pool, rolling back a transaction a failed write left open."""
+    if not broken and session.conn.info.transaction_status != psycopg2.extensions.TRANSACTION_STATUS_IDLE:
+        try:
+            session.cursor.execute("ROLLBACK")
+        except psycopg2.Error:
+            broken = True
+    pool.release(session, broken)
 
 
 def _columns(qv: QueryVersion, description) -> tuple:

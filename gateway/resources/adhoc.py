@@ -16,10 +16,9 @@ import time
 from .. import governance
 from ..errors import GatewayError, bad_request, forbidden, not_found
 from ..execution import runner
-from ..execution.formats import CONTENT_TYPES, RENDERERS
 from ..sqltext import prepare_text, scan
 from .common import client_ip, read_json, request_id
-from .data import CallArgs, QueryResource, lower_timeout
+from .data import CallArgs, QueryResource, lower_timeout, send_page
 
 FIELDS = {"sql", "params", "connection_name", "format", "page", "page_size", "timeout"}
 _SCALARS = (str, int, float, bool, type(None))
@@ -173,17 +172,4 @@ class AdHoc:
             values["_gw_offset"] = (args.page - 1) * size
         timeout_ms = lower_timeout(args.timeout_ms, plan.query_timeout, self._settings.statement_timeout_ms)
         result = runner.execute_text(self._pools.get(connection, write), sql, values, timeout_ms, write)
-        rows = result.rows
-        has_more = len(rows) > size
-        if has_more:
-            rows = rows[:size]
-        columns, rows = plan.apply(result.columns, rows)
-        resp.data = RENDERERS[args.fmt](columns, rows)
-        resp.content_type = CONTENT_TYPES[args.fmt]
-        resp.set_header("X-Page", str(args.page))
-        resp.set_header("X-Page-Size", str(size))
-        resp.set_header("X-Row-Count", str(len(rows)))
-        resp.set_header("X-Has-More", "true" if has_more else "false")
-        if write:
-            resp.set_header("X-Rows-Affected", str(max(result.rowcount, 0)))
-        return len(rows)
+        return send_page(resp, args, size, plan, result, write)

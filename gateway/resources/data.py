@@ -90,6 +90,26 @@ def lower_timeout(asked_ms, key_limit_s, server_ms: int):
     return asked_ms if asked_ms is not None and asked_ms < server_ms else None
 
 
+def send_page(resp, args, size: int, plan, result, write: bool) -> int:
+    """One page of a result, masked, in the asked format, with the paging headers; returns
+    the rows sent. (``result.rows`` holds up to size + 1 rows: the extra one only tells
+    that there is more.)"""
+    rows = result.rows
+    has_more = len(rows) > size
+    if has_more:
+        rows = rows[:size]
+    columns, rows = plan.apply(result.columns, rows)
+    resp.data = RENDERERS[args.fmt](columns, rows)
+    resp.content_type = CONTENT_TYPES[args.fmt]
+    resp.set_header("X-Page", str(args.page))
+    resp.set_header("X-Page-Size", str(size))
+    resp.set_header("X-Row-Count", str(len(rows)))
+    resp.set_header("X-Has-More", "true" if has_more else "false")
+    if write:
+        resp.set_header("X-Rows-Affected", str(max(result.rowcount, 0)))
+    return len(rows)
+
+
 def _at_most(batches, limit: int):
     """A stream capped at the key's ``max_rows`` (closing the cursor early when reached)."""
     left = limit
@@ -241,20 +261,7 @@ class QueryResource:
         if qv.kind == "read":
             values += (size + 1, (args.page - 1) * size)
         result = runner.execute(pool, qv, values, timeout_ms)
-        rows = result.rows
-        has_more = len(rows) > size
-        if has_more:
-            rows = rows[:size]
-        columns, rows = plan.apply(result.columns, rows)
-        resp.data = RENDERERS[args.fmt](columns, rows)
-        resp.content_type = CONTENT_TYPES[args.fmt]
-        resp.set_header("X-Page", str(args.page))
-        resp.set_header("X-Page-Size", str(size))
-        resp.set_header("X-Row-Count", str(len(rows)))
-        resp.set_header("X-Has-More", "true" if has_more else "false")
-        if qv.kind == "write":
-            resp.set_header("X-Rows-Affected", str(max(result.rowcount, 0)))
-        return len(rows)
+        return send_page(resp, args, size, plan, result, qv.kind == "write")
 
     def _stream(self, resp, pool, qv, bound, args, plan, timeout_ms) -> None:
         if qv.kind != "read":
