@@ -26,8 +26,8 @@ import requests
 from services import start_postgres, start_redis
 
 ROOT = Path(__file__).resolve().parent.parent
-PG_PORT = 54459
-REDIS_PORT = 63859
+PG_PORT = int(os.environ.get("GATEWAY_TEST_FLEET_PG_PORT", "54459"))  # overridable: two suites at once
+REDIS_PORT = int(os.environ.get("GATEWAY_TEST_FLEET_REDIS_PORT", "63859"))
 ADMIN_KEY = "fleet-admin-" + uuid.uuid4().hex
 SECRET_KEY = "fleet-secret-" + uuid.uuid4().hex
 PASSWORD_ENV = "GW_FLEET_TEST_PG_PASSWORD"   # connections name the password as ${...}

@@ -21,6 +21,7 @@ The server is this module's own (port 54469, a temporary home), stopped at the e
 """
 from __future__ import annotations
 
+import os
 import json
 import re
 import uuid
@@ -39,7 +40,7 @@ from gateway.governance.grants import compile_masks
 from gateway.sqltext import prepare_text
 from services import start_postgres
 
-PORT = 54469
+PORT = int(os.environ.get("GATEWAY_TEST_CORPUS_PG_PORT", "54469"))
 CORPUS = Path(__file__).resolve().parent / "corpus" / "hostile.jsonl"
 HASH_KEY = b"test-mask-key"
 

@@ -1,6 +1,7 @@
 """The embedded default, for real: a local PostgreSQL and Redis started by fleet.local."""
 from __future__ import annotations
 
+import os
 import json
 import socket
 import stat
@@ -15,8 +16,8 @@ from fleet.local import LocalPostgres, LocalRedis, ensure_embedded, stop_embedde
 from gateway.settings import Settings
 from services import start_postgres, start_redis
 
-PG_PORT = 54419
-REDIS_PORT = 63819
+PG_PORT = int(os.environ.get("GATEWAY_TEST_LOCAL_PG_PORT", "54419"))
+REDIS_PORT = int(os.environ.get("GATEWAY_TEST_LOCAL_REDIS_PORT", "63819"))
 
 
 @pytest.fixture(scope="module")
