@@ -280,9 +280,10 @@ class LeasedAdmission:
 
     # --- Redis unreachable ------------------------------------------------------------
     def _redis_down(self, exc) -> None:
-        # Drop every pooled connection: after a restart each stale socket would otherwise
-        # fail once more and push the return to shared state back by another 250 ms.
-        self._redis.connection_pool.disconnect()
+        # Drop the idle pooled connections: after a restart each stale socket would otherwise
+        # fail once more and push the return to shared state back by another 250 ms. (Not the
+        # ones in use: that would fail other threads' calls and feed the outage itself.)
+        self._redis.connection_pool.disconnect(inuse_connections=False)
         if self._clock() >= self._down_until:
             log.warning("admission: Redis unreachable (%s); %s for %.2fs", exc,
                         "refusing" if self._closed_on_failure else "using local shares", 0.25)
@@ -311,7 +312,11 @@ class LeasedAdmission:
         if self._closed_on_failure:
             raise self._unavailable()
         wait = self._local_take(lease, rate.per_s, rate.burst, now)
-        headers = (("X-RateLimit-Limit", str(rate.limit)),)
+        share = max(1, self._workers_hint())
+        headers = (("X-RateLimit-Limit", str(rate.limit)),
+                   ("X-RateLimit-Remaining", str(int(lease.local_tokens))),
+                   ("X-RateLimit-Reset", str(math.ceil((max(1.0, rate.burst / share) - lease.local_tokens)
+                                                       / (rate.per_s / share)))))
         if wait:
             raise rate_limited(wait, headers, who)
         return headers

@@ -95,7 +95,8 @@ class Settings:
     lease_ms: int = _doc(100, "Longest a worker spends a lease of tokens or quota calls before "
                          "handing back what is left (the L of the documented bound).")
     lease_max: int = _doc(64, "Largest lease (tokens or calls) a worker takes in one Redis script.")
-    redis_timeout_ms: int = _doc(100, "Socket timeout of admission calls to Redis.")
+    redis_timeout_ms: int = _doc(250, "Socket timeout of admission calls to Redis (past it, the call "
+                                 "counts as Redis unreachable for 250 ms).")
     redis_failure: str = _doc("open", "With Redis unreachable: `open` admits through a local limiter "
                               "holding this worker's share of each limit; `closed` answers 503.")
 
