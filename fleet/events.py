@@ -20,6 +20,7 @@ import redis
 log = logging.getLogger("fleet.events")
 
 STREAM = "gw:{events}:stream"
+POLL_MS = 1000  # a reader's longest XREAD: how soon a stream ends once its worker drains
 
 
 class RedisEvents:
@@ -30,6 +31,9 @@ class RedisEvents:
         self._readers = threading.BoundedSemaphore(max_readers)
         self._worker = worker
         self._failing = False
+        # Set by fleet/gunicorn_conf.py: a draining worker ends its streams (the clients
+        # resume elsewhere with Last-Event-ID) instead of holding its exit for the graceful timeout.
+        self.draining = lambda: False
 
     # --- writers ------------------------------------------------------------------------
     def __call__(self, batch) -> None:
@@ -58,8 +62,8 @@ class RedisEvents:
         return self._readers.acquire(blocking=False)
 
     def read(self, last_id: str, block_ms: int = 15000):
-        """Yield SSE frames from after ``last_id`` ('$': only new ones), forever; a comment
-        line every ``block_ms`` keeps proxies from closing an idle stream."""
+        """Yield SSE frames from after ``last_id`` ('$': only new ones) until the worker
+        drains; a comment line every ``block_ms`` keeps proxies from closing an idle stream."""
         conn = redis.Redis.from_url(self._url, socket_timeout=block_ms / 1000 + 5, socket_connect_timeout=2)
         try:
             yield from self._frames(conn, last_id, block_ms)
@@ -70,17 +74,21 @@ class RedisEvents:
             conn.close()
             self._readers.release()
 
-    @staticmethod
-    def _frames(conn, last_id: str, block_ms: int):
+    def _frames(self, conn, last_id: str, block_ms: int):
         if last_id == "$":  # pin "now" once, so nothing between two reads is missed
             newest = conn.xrevrange(STREAM, count=1)
             last_id = newest[0][0].decode() if newest else "0-0"
         yield b": connected\n\n"
-        while True:
-            entries = conn.xread({STREAM: last_id}, count=500, block=block_ms)
+        idle_ms = 0
+        while not self.draining():
+            entries = conn.xread({STREAM: last_id}, count=500, block=min(POLL_MS, block_ms))
             if not entries:
-                yield b": keep-alive\n\n"
+                idle_ms += min(POLL_MS, block_ms)
+                if idle_ms >= block_ms:
+                    idle_ms = 0
+                    yield b": keep-alive\n\n"
                 continue
+            idle_ms = 0
             frames = []
             for entry_id, fields in entries[0][1]:
                 last_id = entry_id.decode()

@@ -77,10 +77,13 @@ def post_fork(server, worker):
 
 
 def post_worker_init(worker):
-    """/ready answers 503 from the moment this worker starts draining (SIGTERM, reload)."""
+    """/ready answers 503 from the moment this worker starts draining (SIGTERM, reload), and
+    its /events streams end (else each would hold the worker until the graceful timeout)."""
     parts = getattr(worker.wsgi, "parts", None)
     if parts is not None:
         parts.ready.draining = lambda: not worker.alive
+        if getattr(parts, "events", None) is not None:
+            parts.events.draining = parts.ready.draining
 
 
 def child_exit(server, worker):

@@ -40,7 +40,8 @@ from . import peer, report, system, targets, wrk
 from .system import REPO
 from .targets import Target, TargetError
 
-BLOCKS = ('oltp', 'admission', 'sync')  # admission: loadtests/admission.py; sync: loadtests/sync.py
+# admission: loadtests/admission.py; sync: loadtests/sync.py; logging: loadtests/logging_bench.py
+BLOCKS = ('oltp', 'admission', 'sync', 'logging')
 SUBCOMMANDS = {'scaleout': 'scaleout', 'openloop': 'oha.openloop'}  # first argument -> a module with main()
 KNOWN_TARGETS = ('peer', 'gateway')
 STORE_DB = {'peer': 'qagstore', 'gateway': 'gwstore'}
@@ -272,7 +273,7 @@ def parse_args(argv=None):
     parser.add_argument('--rounds', type=int, default=5)
     parser.add_argument('--duration', type=float, default=10, help='seconds per run (default 10)')
     parser.add_argument('--connections', default=None,
-                        help='wrk -c values, one cell each (default: 32,1 for oltp, 32 for admission, 8 for sync: '
+                        help='wrk -c values, one cell each (default: 32,1 for oltp, 32 for admission and logging, 8 for sync: '
                              'the background load of its "loaded" cells, 0 for none)')
     parser.add_argument('--warmup', type=float, default=5, help=f'seconds of warm-up per target at '
                         f'{WARMUP_CONNECTIONS} connections before the block (0: none)')
@@ -314,13 +315,13 @@ def parse_args(argv=None):
     if unknown or not args.targets or len(set(args.targets)) != len(args.targets):
         parser.error(f'--targets: a comma list of {", ".join(KNOWN_TARGETS)}')
     if args.connections is None:
-        args.connections = {'oltp': '32,1', 'admission': '32', 'sync': '8'}[args.block]
+        args.connections = {'oltp': '32,1', 'admission': '32', 'sync': '8', 'logging': '32'}[args.block]
     args.connections = [int(c) for c in args.connections.split(',')]
     if args.block == 'sync':
         args.targets = ['gateway']
         if any(c < 0 for c in args.connections):
             parser.error('--connections must not be negative')
-    elif args.block == 'admission':
+    elif args.block in ('admission', 'logging'):
         args.targets = ['gateway']
     if args.rounds < 1 or args.duration <= 0 or any(c < 1 for c in args.connections if args.block != 'sync'):
         parser.error('--rounds, --duration and --connections must be positive')
@@ -417,7 +418,8 @@ def _main(args, run_dir: Path, work_dir: Path) -> int:
             write_meta(run_dir, meta)
             run_oltp(block, live, args)
         else:  # blocks that start their own targets
-            runner = {'admission': 'loadtests.admission', 'sync': 'loadtests.sync'}[args.block]
+            runner = {'admission': 'loadtests.admission', 'sync': 'loadtests.sync',
+                      'logging': 'loadtests.logging_bench'}[args.block]
             import importlib
             importlib.import_module(runner).run(block, args, work_dir, cleanup, meta,
                                                 lambda: write_meta(run_dir, meta))

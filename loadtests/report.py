@@ -143,6 +143,9 @@ def render(meta: dict, runs: list[dict]) -> str:
     if block == 'admission':  # its own section first: worker CPU and Redis commands per call (loadtests/admission.py)
         from .admission import report_section
         out += report_section(meta, runs)
+    if block == 'logging':  # its own section first: access log and events cost (loadtests/logging_bench.py)
+        from .logging_bench import report_section as logging_section
+        out += logging_section(meta, runs)
 
     # -- throughput
     out += ['## Requests a second', '',

@@ -9,6 +9,7 @@ from __future__ import annotations
 import http.client
 import json
 import os
+import socket
 import subprocess
 import sys
 import threading
@@ -35,6 +36,7 @@ class SessionServices:
         env.update({"GATEWAY_DATABASE_URL": self.store_url, "GATEWAY_REDIS_URL": self.redis_url,
                     "GATEWAY_ADMIN_KEY": ADMIN_KEY, "GATEWAY_SECRET_KEY": SECRET_KEY,
                     "GATEWAY_HOME": str(home), "GATEWAY_LOG_LEVEL": "warning",
+                    "GATEWAY_ALLOW_FUNCTIONS": "pg_sleep",  # as conftest's settings
                     PASSWORD_ENV: self.services.pg.password()})
         env.update({"GATEWAY_" + k.upper(): str(v) for k, v in settings.items()})
         return env
@@ -210,8 +212,8 @@ class EventStream:
                 elif not line.startswith(b":"):
                     name, _, value = line.partition(b":")
                     fields[name.decode()] = value.removeprefix(b" ")
-        except (OSError, ValueError, http.client.HTTPException):
-            return
+        except (OSError, ValueError, AttributeError, http.client.HTTPException):
+            return   # the connection was closed
 
     def snapshot(self) -> list[Event]:
         with self._lock:
@@ -227,13 +229,14 @@ class EventStream:
             time.sleep(0.05)
 
     def close(self) -> None:
+        """Shut the socket down (the reader sees the end), then close the connection."""
         try:
-            self.connection.conn.sock.shutdown(2)
+            self.connection.conn.sock.shutdown(socket.SHUT_RDWR)
         except (OSError, AttributeError):
             pass
-        self.connection.close()
         if self._thread is not None:
             self._thread.join(5)
+        self.connection.close()
 
 
 def run_ids(events: list[Event]) -> list[str]:

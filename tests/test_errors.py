@@ -18,8 +18,7 @@ from gateway.sync import LocalSync
 NOT_PRODUCIBLE = {"internal_error"}
 # Codes of features still being built while this suite was written; each needs a producer
 # below once its feature lands.
-PENDING = {"events_unavailable": "live event stream", "invalid_event_id": "live event stream",
-           "too_many_streams": "live event stream", "too_many_rows_affected": "guarded writes"}
+PENDING: dict = {}
 
 
 def _dead_redis_app(ctx, **overrides):
@@ -148,6 +147,48 @@ def _write_op_not_allowed(ctx):
     return client.simulate_get(f"/q/{ep.query}", headers={"X-API-Key": secret})
 
 
+def _too_many_rows_affected(ctx):
+    """A guarded write past its max_affected_rows, on a server that allows writes: rolled back."""
+    ep = ctx.endpoint("UPDATE orders SET status = status WHERE id <= 3", max_affected_rows=1)
+    secret = ctx.api.key([ep.query], [ep.connection], allow_writes=True)
+    client = falcon.testing.TestClient(ctx.make_app(sync=LocalSync(), allow_writes=True))
+    versions = "SELECT xmin::text FROM orders WHERE id <= 3 ORDER BY id"
+    before = ctx.superuser(versions, db="demo")
+    got = client.simulate_get(f"/q/{ep.query}", headers={"X-API-Key": secret})
+    assert ctx.superuser(versions, db="demo") == before   # nothing was changed
+    return _raw(got)
+
+
+def _events_unavailable(ctx):
+    """Live events off (GATEWAY_EVENTS=0), or no Redis at all."""
+    no_redis = ctx.make_app(sync=LocalSync(), redis_url="")
+    got = falcon.testing.TestClient(no_redis).simulate_get("/events", headers=ctx.api.admin)
+    assert (got.status_code, got.json["code"]) == (503, "events_unavailable")
+    off = ctx.make_app(sync=LocalSync(), events=False)
+    return _raw(falcon.testing.TestClient(off).simulate_get("/events", headers=ctx.api.admin))
+
+
+def _open_stream(app, headers):
+    """GET /events straight through WSGI: the stream (an endless iterable) is started, not drained."""
+    started = {}
+    body = app(falcon.testing.create_environ(path="/events", headers=headers),
+               lambda status, headers, exc_info=None: started.update(status=status))
+    assert started["status"].startswith("200"), started
+    assert next(iter(body)).startswith(b": connected")
+    return body
+
+
+def _too_many_streams(ctx):
+    app = ctx.make_app(sync=LocalSync(), events_max_streams=1)
+    stream = _open_stream(app, ctx.api.admin)
+    try:
+        got = falcon.testing.TestClient(app).simulate_get("/events", headers=ctx.api.admin)
+    finally:
+        stream.close()
+    _open_stream(app, ctx.api.admin).close()   # a closed stream frees its place
+    return _raw(got)
+
+
 def _call(sql, params=None, query_string=None, spec=None, body=None, key_fields=None):
     def produce(ctx):
         ep = ctx.endpoint(sql, spec)
@@ -225,6 +266,11 @@ PRODUCERS = {
     "pool_exhausted": lambda ctx: _raw(_pool_exhausted(ctx)),
     "query_timeout": _call("SELECT pg_sleep(1)", {"timeout": "0.05"}),
     "invalid_filter": lambda ctx: ctx.api.manage("GET", "/history", params={"colour": "red"}),
+    "too_many_rows_affected": _too_many_rows_affected,
+    "events_unavailable": _events_unavailable,
+    "invalid_event_id": lambda ctx: ctx.api.request("GET", "/events", headers={**ctx.api.admin,
+                                                                              "Last-Event-ID": "abc"}),
+    "too_many_streams": _too_many_streams,
 }
 
 
@@ -246,7 +292,7 @@ def check_error(reply, code: str) -> dict:
     assert (reply.status, reply.json.get("code")) == (status, code), reply
     body = reply.json
     assert {"error", "code", "request_id"} <= set(body)
-    assert set(body) - {"error", "code", "request_id"} <= {"errors", "sqlstate", "retry_after"}
+    assert set(body) - {"error", "code", "request_id"} <= {"errors", "sqlstate", "retry_after", "rows_affected"}
     assert isinstance(body["error"], str) and body["error"]
     assert reply.headers["X-Request-Id"] == body["request_id"]
     assert reply.headers["Content-Type"] == "application/json"
