@@ -142,10 +142,12 @@ class HistoryWriter:
                 return
 
     def _drain(self) -> None:
-        while self._queue:
-            batch = []
-            while self._queue and len(batch) < self._batch:
-                batch.append(self._queue.popleft())
+        # Only what is queued now: draining "until empty" while calls keep arriving would
+        # cut the stream into many tiny batches (a COPY and an XADD each).
+        waiting = len(self._queue)
+        while waiting > 0:
+            batch = [self._queue.popleft() for _ in range(min(waiting, self._batch))]
+            waiting -= len(batch)
             for observer in self._observers:
                 try:
                     observer(batch)

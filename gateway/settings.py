@@ -94,7 +94,8 @@ class Settings:
                             "(1 behind one load balancer). 0: the socket's peer.")
     lease_ms: int = _doc(100, "Longest a worker spends a lease of tokens or quota calls before "
                          "handing back what is left (the L of the documented bound).")
-    lease_max: int = _doc(64, "Largest lease (tokens or calls) a worker takes in one Redis script.")
+    lease_max: int = _doc(256, "Largest lease (tokens or calls) a worker takes in one Redis script "
+                          "(never more than a quarter of what the bucket holds).")
     redis_timeout_ms: int = _doc(250, "Socket timeout of admission calls to Redis (past it, the call "
                                  "counts as Redis unreachable for 250 ms).")
     redis_failure: str = _doc("open", "With Redis unreachable: `open` admits through a local limiter "
