@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import time
 
-import orjson
 
 from .. import crypto, governance
 from ..errors import GatewayError, bad_request, forbidden, not_found, unauthorized
