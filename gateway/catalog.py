@@ -149,11 +149,13 @@ class Catalog:
         return cls(0, {}, {}, {})
 
 
-def load(conn, generation: int) -> Catalog:
-    """Read the whole catalog in one repeatable-read snapshot."""
+def load(conn) -> Catalog:
+    """Read the whole catalog, and the generation it is, in one repeatable-read snapshot."""
     with conn.cursor(cursor_factory=psycopg2.extras.RealDictCursor) as cur:
         cur.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
         try:
+            cur.execute("SELECT generation FROM gw_catalog_state")
+            generation = cur.fetchone()["generation"]
             cur.execute("SELECT * FROM gw_connections")
             connections = {r["name"]: Connection(r) for r in cur.fetchall()}
             by_id = {c.id: c for c in connections.values()}

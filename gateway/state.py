@@ -48,29 +48,32 @@ class CatalogHolder:
         self.fresh_until = 0.0
 
     def reload(self, at_least: int = 0) -> int:
-        """Load the whole catalog from the store (if its generation is below ``at_least``
-        or unknown) and swap it in; returns the generation now served."""
+        """Bring the catalog up to date and return the generation now served.
+
+        ``at_least`` (the bus announced that generation): load at once, unless already
+        there. Without it (a worker checking on its own): read the store's generation
+        first and load only if it moved (one small read when nothing changed)."""
         with self._lock:
             if at_least and self.catalog.generation >= at_least:
                 return self.catalog.generation
-            return self._reload_locked()
+            try:
+                conn = self._store()
+                if not at_least and self.reloads:
+                    with conn.cursor() as cur:
+                        cur.execute("SELECT generation FROM gw_catalog_state")
+                        if cur.fetchone()[0] == self.catalog.generation:
+                            return self.catalog.generation
+                self._swap(catalog_mod.load(conn))
+                return self.catalog.generation
+            except psycopg2.Error:
+                self._drop_store()
+                raise
 
-    def _reload_locked(self) -> int:
-        try:
-            conn = self._store()
-            with conn.cursor() as cur:
-                cur.execute("SELECT generation FROM gw_catalog_state")
-                generation = cur.fetchone()[0]
-            if generation != self.catalog.generation or not self.reloads:
-                new = catalog_mod.load(conn, generation)
-                old, self.catalog = self.catalog, new
-                self.reloads += 1
-                if self._on_reload is not None:
-                    self._on_reload(old, new)
-            return self.catalog.generation
-        except psycopg2.Error:
-            self._drop_store()
-            raise
+    def _swap(self, new: catalog_mod.Catalog) -> None:
+        old, self.catalog = self.catalog, new
+        self.reloads += 1
+        if self._on_reload is not None:
+            self._on_reload(old, new)
 
     def _revalidate(self) -> catalog_mod.Catalog:
         try:
