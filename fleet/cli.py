@@ -7,6 +7,8 @@
     fleet down [--keep-services]
     fleet status
     fleet seed --url URL       create the demo objects through the Management API
+    fleet bench [ARGS]         the benchmark harness: `fleet bench --block oltp --local-pg /tmp/pg`,
+                               `fleet bench scaleout ...` (python -m loadtests.bench, same arguments)
 """
 from __future__ import annotations
 
@@ -218,6 +220,10 @@ def _print_welcome(result: dict) -> None:
 
 
 def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["bench"]:  # the harness keeps its own arguments (loadtests/bench.py)
+        from loadtests.bench import main as bench_main
+        return bench_main(argv[1:]) or 0
     parser = argparse.ArgumentParser(prog="fleet", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -227,6 +233,7 @@ def main(argv=None) -> int:
     p_down = sub.add_parser("down", help="stop everything")
     p_down.add_argument("--keep-services", action="store_true", help="leave PostgreSQL and Redis running")
     sub.add_parser("status")
+    sub.add_parser("bench", help="the benchmark harness (python -m loadtests.bench, same arguments)")
     p_seed = sub.add_parser("seed", help="create the demo objects through the Management API")
     p_seed.add_argument("--url", required=True)
     p_seed.add_argument("--admin-key", default=os.environ.get("GATEWAY_ADMIN_KEY", ""))
