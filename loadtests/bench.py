@@ -144,13 +144,23 @@ def rotated(items: list, round_index: int) -> list:
 # --------------------------------------------------------------------------------------
 
 def run_oltp(block: Block, live: list[Target], args):
+    run_rounds(block, live, args)
+
+
+def run_rounds(block: Block, live: list[Target], args, probes: dict | None = None, extra=lambda record: ''):
+    """The method every closed-loop block shares: a warm-up per target, a /health floor,
+    rounds in which every cell (connections x target) runs once in an order rotated each
+    round, and the floor again. ``probes``: per target name, extra meters for each run;
+    ``extra``: more text for the progress line."""
+    probes = probes or {}
     conns = args.connections
     runs_total = args.rounds * len(conns) * len(live)
     per_run = args.duration + 1.0
     for target in live:
         if args.warmup > 0:
-            record = block.measure(target, kind='warmup', connections=WARMUP_CONNECTIONS, duration_s=args.warmup)
-            log(progress_line(record, 'warm-up'))
+            record = block.measure(target, kind='warmup', connections=WARMUP_CONNECTIONS, duration_s=args.warmup,
+                                   **_probes(probes, target))
+            log(progress_line(record, 'warm-up') + extra(record))
     floor(block, live, 'before', args)
     done = 0
     for r in range(args.rounds):
@@ -159,14 +169,19 @@ def run_oltp(block: Block, live: list[Target], args):
         for c in conns:
             for target in order:
                 record = block.measure(target, kind='run', round=r + 1, position=position, connections=c,
-                                       duration_s=args.duration, order=[t.name for t in order])
+                                       duration_s=args.duration, order=[t.name for t in order],
+                                       **_probes(probes, target))
                 position += 1
                 done += 1
                 left = (runs_total - done) * per_run + (len(live) * (args.floor_duration + 1) if args.floor_duration
                                                         else 0)
-                log(progress_line(record, f'round {r + 1}/{args.rounds}') +
+                log(progress_line(record, f'round {r + 1}/{args.rounds}') + extra(record) +
                     f'  [{done}/{runs_total}, ~{_duration(left)} left]')
     floor(block, live, 'after', args)
+
+
+def _probes(probes: dict, target: Target) -> dict:
+    return {'probes': probes[target.name]} if target.name in probes else {}
 
 
 def floor(block: Block, live: list[Target], phase: str, args):

@@ -74,7 +74,7 @@ class AccessLines:
 
 
 def run(block, args, work_dir, cleanup, meta, save_meta):
-    from .bench import WARMUP_CONNECTIONS, floor, log, progress_line, rotated
+    from .bench import log, run_rounds
     live, probes = [], {}
     for index, (name, extra) in enumerate(TARGETS):
         extra = {**COMMON, **extra}
@@ -104,26 +104,7 @@ def run(block, args, work_dir, cleanup, meta, save_meta):
     })
     save_meta()
 
-    conns = args.connections
-    for target in live:
-        if args.warmup > 0:
-            record = block.measure(target, kind='warmup', connections=WARMUP_CONNECTIONS, duration_s=args.warmup,
-                                   probes=probes[target.name])
-            log(progress_line(record, 'warm-up') + _extra(record))
-    floor(block, live, 'before', args)
-    total, done = args.rounds * len(conns) * len(live), 0
-    for r in range(args.rounds):
-        order = rotated(live, r)
-        position = 0
-        for c in conns:
-            for target in order:
-                record = block.measure(target, kind='run', round=r + 1, position=position, connections=c,
-                                       duration_s=args.duration, order=[t.name for t in order],
-                                       probes=probes[target.name])
-                position += 1
-                done += 1
-                log(progress_line(record, f'round {r + 1}/{args.rounds}') + _extra(record) + f'  [{done}/{total}]')
-    floor(block, live, 'after', args)
+    run_rounds(block, live, args, probes, _extra)
 
 
 def _extra(record: dict) -> str:
