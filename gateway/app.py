@@ -139,7 +139,13 @@ def create_app(settings: Settings | None = None, sync=None) -> GatewayApp:
 
     box = PasswordBox(settings.secret_key)
     pools = Pools(settings, box)
-    holder = CatalogHolder(connect, on_reload=lambda old, new: pools.retire_unused(new.connections.values()))
+    schemas = SchemaCache(settings, box)
+
+    def on_reload(old, new):
+        pools.retire_unused(new.connections.values())
+        schemas.warm(new.connections.values())
+
+    holder = CatalogHolder(connect, on_reload=on_reload)
     holder.reload()
     sync = sync or _make_sync(settings)
     history = HistoryWriter(connect, f"{os.uname().nodename}:{os.getpid()}", settings.history_batch,
@@ -159,7 +165,6 @@ def create_app(settings: Settings | None = None, sync=None) -> GatewayApp:
     events = _make_events(settings)
     if events is not None:
         history.add_observer(events)
-    schemas = SchemaCache(settings, box)
     manage = Management(settings, sync, box, store_pool, schemas)
     if events is not None:
         manage.on_change = events.change

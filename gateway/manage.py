@@ -323,6 +323,7 @@ class Management:
     def _analyze(self, connection: Connection, positional_sql: str):
         """Save-time analysis against the connection's schema, read afresh."""
         return analyze(positional_sql, self._schemas.fresh(connection), self._settings.search_path_tuple(),
+                       denied_functions=self._settings.denied_functions(),
                        allowed_functions=self._settings.allowed_functions())
 
     def _insert_version(self, cur, query_id: int, version: int, values: dict, publish: bool) -> None:

@@ -2,8 +2,9 @@
 
 Saving a query reads its connection's schema afresh (a management call may wait for it; a
 call of a saved query never does: its analysis was stored with it). Ad-hoc statements use the copy
-each worker keeps: read on the first ad-hoc statement for a connection, then refreshed in
-the background once it is older than ``ttl_s``; a changed connection is a new copy.
+each worker keeps: read in the background when the worker starts and when a change brings a
+new or changed connection, refreshed in the background once older than ``ttl_s``; only a
+statement that arrives before the first read has finished waits for it.
 """
 from __future__ import annotations
 
@@ -51,6 +52,21 @@ class SchemaCache:
         """For saving a query: read now. A table or function created a moment ago must be
         seen (a user-defined function missed here would pass as a built-in one)."""
         return self._load(connection)
+
+    def warm(self, connections) -> None:
+        """In the background: read the schema of every active connection this worker has no
+        copy of yet (at start, and after a change brings a new or changed connection), so
+        an ad-hoc statement does not wait for it."""
+        missing = [c for c in connections if c.active and c.identity not in self._schemas
+                   and c.identity not in self._loading]
+        if not missing:
+            return
+        self._loading.update(c.identity for c in missing)
+
+        def run():
+            for connection in missing:
+                self._reload_behind(connection)
+        threading.Thread(target=run, name="gateway-schemas", daemon=True).start()
 
     def for_adhoc(self, connection) -> Schema:
         """For an ad-hoc statement: the worker's copy. Only the first statement on a

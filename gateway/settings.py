@@ -65,6 +65,8 @@ class Settings:
                             "resolve table names when a query is analysed (comma-separated).")
     allow_functions: str = _doc("", "Function names lifted from the deny list of the analysis "
                                 "(comma-separated, exact names, e.g. `pg_sleep`).")
+    deny_functions: str = _doc("", "Function names added to the deny list of the analysis "
+                               "(comma-separated; `name*` is a prefix).")
     adhoc_cache: int = _doc(1000, "Distinct ad-hoc statements whose analysis each worker keeps.")
     allow_writes: bool = _doc(False, "Server ceiling for writes: saved queries that write run only "
                               "when this is on and the key has `allow_writes`.")
@@ -149,6 +151,10 @@ class Settings:
 
     def allowed_functions(self) -> tuple[str, ...]:
         return tuple(p.strip() for p in self.allow_functions.split(",") if p.strip())
+
+    def denied_functions(self) -> frozenset[str]:
+        from .governance import DEFAULT_DENIED
+        return DEFAULT_DENIED | {p.strip() for p in self.deny_functions.split(",") if p.strip()}
 
     def mask_key_bytes(self) -> bytes:
         import hashlib

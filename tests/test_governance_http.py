@@ -98,3 +98,18 @@ def test_grants_are_checked_when_saved(api, endpoint):
     assert bad.status == 400 and bad.json["code"] == "invalid_body", bad
     bad_ips = api.manage("POST", "/api-keys", {"name": "bad-ips", "allowed_ips": ["not-an-ip"]})
     assert bad_ips.status == 400 and bad_ips.json["code"] == "invalid_body", bad_ips
+
+
+def test_the_deny_list_is_configurable(make_app, demo_connection):
+    import falcon.testing
+    from conftest import ADMIN_KEY, unique
+    from gateway.sync import LocalSync
+    client = falcon.testing.TestClient(make_app(sync=LocalSync(), deny_functions="upper,md5*"))
+    headers = {"X-API-Key": ADMIN_KEY}
+    for sql in ("SELECT upper('x') AS u", "SELECT md5('x') AS m"):
+        got = client.simulate_post("/api/v1/queries", headers=headers, json={
+            "name": unique("q"), "connection_name": demo_connection, "sql": sql})
+        assert got.status_code == 400 and got.json["code"] == "function_not_allowed", got.json
+    fine = client.simulate_post("/api/v1/queries", headers=headers, json={
+        "name": unique("q"), "connection_name": demo_connection, "sql": "SELECT lower('x') AS l"})
+    assert fine.status_code == 201, fine.json

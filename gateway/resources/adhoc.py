@@ -139,7 +139,8 @@ class AdHoc:
             text = prepare_text(sql, names)
             analysis = governance.analyze(text.positional, self._schemas.for_adhoc(connection),
                                           self._settings.search_path_tuple(),
-                                          allowed_functions=self._settings.allowed_functions())
+                                          denied_functions=self._settings.denied_functions(),
+                       allowed_functions=self._settings.allowed_functions())
             digest = hashlib.sha256(sql.encode()).hexdigest()[:16]
             return _Statement(text.pyformat, text.order, analysis, f"adhoc:{digest}")
         except GatewayError as exc:
