@@ -22,12 +22,11 @@ the scripts alone (EVALSHA: the round trips of the leases and the bus' heartbeat
 """
 from __future__ import annotations
 
-import statistics
 
 import redis
 
 from . import system, targets
-from .report import false_clear_chance, overlap
+from .report import false_clear_chance, median_range, overlap, show_range
 
 ON, OFF = 'admission-on', 'admission-off'
 HUGE_RATE = '1000000/second'
@@ -137,19 +136,6 @@ def _extra(record: dict) -> str:
 # The report's section (loadtests/report.py appends it to the block's results.md)
 # --------------------------------------------------------------------------------------
 
-def _stat(values):
-    values = [v for v in values if v is not None]
-    if not values:
-        return None
-    return statistics.median(values), min(values), max(values)
-
-
-def _show(stat, digits: int = 1) -> str:
-    if stat is None:
-        return '-'
-    return f'{stat[0]:,.{digits}f} [{stat[1]:,.{digits}f}-{stat[2]:,.{digits}f}]'
-
-
 def report_section(meta: dict, runs: list[dict]) -> list[str]:
     measured = [r for r in runs if r.get('kind') == 'run']
     out = ['## Admission: what it costs', '',
@@ -168,14 +154,14 @@ def report_section(meta: dict, runs: list[dict]) -> list[str]:
             if not cell:
                 continue
             by_kind = sorted(cell, key=lambda r: r.get('redis_per_call') or 0)[len(cell) // 2].get('redis_by_command', {})
-            out.append(f'| {c} | {t} | {_show(_stat([r["rps"] for r in cell]), 0)} | '
-                       f'{_show(_stat([r.get("worker_cpu_us_per_call") for r in cell]))} | '
-                       f'{_show(_stat([r.get("redis_per_call") for r in cell]), 4)} | '
-                       f'{_show(_stat([r.get("redis_per_call_no_events") for r in cell]), 4)} | '
-                       f'{_show(_stat([r.get("redis_scripts_per_call") for r in cell]), 4)} | '
+            out.append(f'| {c} | {t} | {show_range(median_range([r["rps"] for r in cell]), 0)} | '
+                       f'{show_range(median_range([r.get("worker_cpu_us_per_call") for r in cell]))} | '
+                       f'{show_range(median_range([r.get("redis_per_call") for r in cell]), 4)} | '
+                       f'{show_range(median_range([r.get("redis_per_call_no_events") for r in cell]), 4)} | '
+                       f'{show_range(median_range([r.get("redis_scripts_per_call") for r in cell]), 4)} | '
                        f'{", ".join(f"{k} {v:,}" for k, v in by_kind.items()) or "-"} |')
-        on = _stat([r.get('worker_cpu_us_per_call') for r in cells[ON]])
-        off = _stat([r.get('worker_cpu_us_per_call') for r in cells[OFF]])
+        on = median_range([r.get('worker_cpu_us_per_call') for r in cells[ON]])
+        off = median_range([r.get('worker_cpu_us_per_call') for r in cells[OFF]])
         if on and off:
             ratio = on[0] / off[0]
             rounds = min(len(cells[ON]), len(cells[OFF]))
@@ -187,7 +173,7 @@ def report_section(meta: dict, runs: list[dict]) -> list[str]:
         for field, what in (('redis_per_call', 'every command'),
                             ('redis_per_call_no_events', 'every command but the event stream\'s XADD'),
                             ('redis_scripts_per_call', 'scripts (round trips of the admission and the bus)')):
-            stat = _stat([r.get(field) for r in cells[ON]])
+            stat = median_range([r.get(field) for r in cells[ON]])
             if stat:
                 verdicts.append(f'- c={c}, admission on, Redis {what}: **{stat[0]:.4f}** per call (median). '
                                 f'Target < {REDIS_TARGET}: {"met" if stat[0] < REDIS_TARGET else "NOT met"}.')

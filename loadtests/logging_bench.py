@@ -23,12 +23,11 @@ at most 3% of throughput (req/s on/off >= 0.97).
 """
 from __future__ import annotations
 
-import statistics
 from pathlib import Path
 
 from . import system, targets
 from .admission import WorkerCpu
-from .report import false_clear_chance, overlap
+from .report import false_clear_chance, median_range, overlap, show_range
 
 ON, OFF, BARE = 'access-log-on', 'access-log-off', 'events-off'
 TARGETS = (
@@ -118,19 +117,6 @@ def _extra(record: dict) -> str:
 # The report's section (loadtests/report.py puts it first in the block's results.md)
 # --------------------------------------------------------------------------------------
 
-def _stat(values):
-    values = [v for v in values if v is not None]
-    if not values:
-        return None
-    return statistics.median(values), min(values), max(values)
-
-
-def _show(stat, digits: int = 1) -> str:
-    if stat is None:
-        return '-'
-    return f'{stat[0]:,.{digits}f} [{stat[1]:,.{digits}f}-{stat[2]:,.{digits}f}]'
-
-
 def report_section(meta: dict, runs: list[dict]) -> list[str]:
     measured = [r for r in runs if r.get('kind') == 'run']
     names = [name for name, _ in TARGETS]
@@ -147,14 +133,14 @@ def report_section(meta: dict, runs: list[dict]) -> list[str]:
         cells = {t: [r for r in measured if r['target'] == t and r['connections'] == c] for t in names}
         for t in names:
             if cells[t]:
-                out.append(f'| {c} | {t} | {_show(_stat([r["rps"] for r in cells[t]]), 0)} | '
-                           f'{_show(_stat([r.get("worker_cpu_us_per_call") for r in cells[t]]))} | '
-                           f'{_show(_stat([r.get("access_lines_per_call") for r in cells[t]]), 3)} |')
+                out.append(f'| {c} | {t} | {show_range(median_range([r["rps"] for r in cells[t]]), 0)} | '
+                           f'{show_range(median_range([r.get("worker_cpu_us_per_call") for r in cells[t]]))} | '
+                           f'{show_range(median_range([r.get("access_lines_per_call") for r in cells[t]]), 3)} |')
         rounds = min((len(cells[t]) for t in (ON, OFF)), default=0)
         for other, what in ((ON, 'access log on'), (BARE, 'events off (and access log off)')):
-            rps = _stat([r['rps'] for r in cells[other]]), _stat([r['rps'] for r in cells[OFF]])
-            cpu = (_stat([r.get('worker_cpu_us_per_call') for r in cells[other]]),
-                   _stat([r.get('worker_cpu_us_per_call') for r in cells[OFF]]))
+            rps = median_range([r['rps'] for r in cells[other]]), median_range([r['rps'] for r in cells[OFF]])
+            cpu = (median_range([r.get('worker_cpu_us_per_call') for r in cells[other]]),
+                   median_range([r.get('worker_cpu_us_per_call') for r in cells[OFF]]))
             if not (rps[0] and rps[1]):
                 continue
             ratio = rps[0][0] / rps[1][0]

@@ -10,11 +10,11 @@
 """
 from __future__ import annotations
 
-import statistics
 import sys
 from pathlib import Path
 
 from . import report
+from .report import median_range
 
 
 def _pyplot():
@@ -22,13 +22,6 @@ def _pyplot():
     matplotlib.use('Agg')
     import matplotlib.pyplot as plt
     return plt
-
-
-def _stat(values):
-    values = [v for v in values if v is not None]
-    if not values:
-        return None
-    return statistics.median(values), min(values), max(values)
 
 
 def scaleout(runs: list[dict], path: Path, title: str = '') -> Path | None:
@@ -43,7 +36,7 @@ def scaleout(runs: list[dict], path: Path, title: str = '') -> Path | None:
         color = colors.get(t)
         counts = sorted({r['workers'] for r in measured if r['target'] == t})
         cell = {w: [r for r in measured if r['target'] == t and r['workers'] == w] for w in counts}
-        stats = {w: _stat([r['rps'] for r in cell[w]]) for w in counts}
+        stats = {w: median_range([r['rps'] for r in cell[w]]) for w in counts}
         shared = {w: any(r.get('shared_cpus') for r in cell[w]) for w in counts}
         med = [stats[w][0] for w in counts]
         err = [[stats[w][0] - stats[w][1] for w in counts], [stats[w][2] - stats[w][0] for w in counts]]
@@ -55,7 +48,7 @@ def scaleout(runs: list[dict], path: Path, title: str = '') -> Path | None:
         if 1 in stats:
             ideal = [w * stats[1][0] for w in counts]
             ax.plot(counts, ideal, linestyle='--', color=color, alpha=0.6, label=f'{t}: linear (w × 1-worker)')
-        per_core = {w: _stat([r['rps'] / r['target_cores'] for r in cell[w] if r.get('target_cores')])
+        per_core = {w: median_range([r['rps'] / r['target_cores'] for r in cell[w] if r.get('target_cores')])
                     for w in counts}
         points = [w for w in counts if per_core[w]]
         if points:
@@ -96,7 +89,7 @@ def openloop(runs: list[dict], path: Path, title: str = '') -> Path | None:
         rates = sorted({r['offered_rps'] for r in mine})
         label = f'{target} {scenario}'.strip()
         for p, style in (('50', '-'), ('99', '--')):
-            stats = [_stat([r['latency_us'].get(p) for r in mine if r['offered_rps'] == rate]) for rate in rates]
+            stats = [median_range([r['latency_us'].get(p) for r in mine if r['offered_rps'] == rate]) for rate in rates]
             xs = [rate for rate, s in zip(rates, stats) if s]
             ys = [s[0] / 1000 for s in stats if s]
             ax.plot(xs, ys, linestyle=style, marker='o', label=f'{label} p{p}')

@@ -15,6 +15,21 @@ import sys
 from pathlib import Path
 
 
+def median_range(values):
+    """(median, min, max) of the values that are not None; None when there are none."""
+    values = [v for v in values if v is not None]
+    if not values:
+        return None
+    return statistics.median(values), min(values), max(values)
+
+
+def show_range(stat, digits: int = 1) -> str:
+    """``median [min-max]``, or '-'."""
+    if stat is None:
+        return '-'
+    return f'{stat[0]:,.{digits}f} [{stat[1]:,.{digits}f}-{stat[2]:,.{digits}f}]'
+
+
 def load(run_dir: Path) -> tuple[dict, list[dict]]:
     meta = json.loads((run_dir / 'meta.json').read_text()) if (run_dir / 'meta.json').exists() else {}
     runs = []
@@ -48,10 +63,7 @@ class Cell:
         return out
 
     def stat(self, getter):
-        values = self.values(getter)
-        if not values:
-            return None
-        return statistics.median(values), min(values), max(values)
+        return median_range(self.values(getter))
 
     @property
     def flagged(self) -> int:

@@ -260,19 +260,7 @@ def make_app(settings):
 
 
 # --- a real gunicorn master --------------------------------------------------------------
-def child_pids(pid: int) -> list[int]:
-    children = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            stat = Path(f"/proc/{entry}/stat").read_text()
-        except OSError:
-            continue
-        fields = stat.rsplit(")", 1)[1].split()
-        if int(fields[1]) == pid and fields[0] != "Z":
-            children.append(int(entry))
-    return sorted(children)
+from fleet_helpers import child_pids  # noqa: E402  (one /proc reader for every test module)
 
 
 def rss_kb(pid: int) -> int:
