@@ -1,9 +1,11 @@
 """``fleet``: bring the gateway up on one machine, from the same settings as everywhere.
 
     fleet up [--instances N]   start PostgreSQL and Redis (embedded default when no URLs
-                               are set), the demo data, N gunicorn masters and, for N > 1,
-                               an nginx load balancer on GATEWAY_BIND; seed the demo and
-                               print working curl lines. Returns once all answer.
+                               are set), the demo data and its roles (demo_reader reads,
+                               demo_writer may only run the load tests' deposit), N
+                               gunicorn masters and, for N > 1, an nginx load balancer on
+                               GATEWAY_BIND; seed the demo and print working curl lines.
+                               Returns once all answer.
     fleet down [--keep-services]
     fleet status
     fleet seed --url URL       create the demo objects through the Management API
@@ -25,7 +27,8 @@ from pathlib import Path
 from gateway.settings import Settings
 
 from . import local
-from .seed import Api, seed
+from .demo import READER, WRITER
+from .seed import WRITER_CONNECTION, Api, seed, update_login
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -160,15 +163,25 @@ def up(settings: Settings, instances: int, seed_demo: bool = True) -> dict:
 
 
 def _seed_embedded(settings: Settings, base: str, home: Path) -> str:
-    """Demo data on the embedded PostgreSQL (a `demo` database beside the store)."""
-    from .demo import create_demo_data
+    """Demo data on the embedded PostgreSQL (a `demo` database beside the store), read by
+    the demo connection as the role ``demo_reader``, never as the superuser; the
+    demo_writer connection logs in as ``demo_writer``, which may only run the deposit."""
+    from .demo import create_demo_data, create_demo_reader, create_demo_writer
 
     dsn = local.demo_database_url(settings)
     create_demo_data(dsn)
-    pg = local.LocalPostgres(home, settings.pg_port)
-    conn = {"host": "127.0.0.1", "port": settings.pg_port, "database": "demo", "user": "postgres",
-            "password": pg.password()}
-    return seed(Api(base, settings.admin_key), conn, home / "demo_key")
+    at = {"host": "127.0.0.1", "port": settings.pg_port, "database": "demo"}
+    password, fresh = local.demo_reader_password(settings)
+    create_demo_reader(dsn, password)
+    conn = {**at, "user": READER, "password": password}
+    password, writer_fresh = local.demo_writer_password(settings)
+    create_demo_writer(dsn, password)
+    writer = {**at, "user": WRITER, "password": password}
+    api = Api(base, settings.admin_key)
+    # These demo connections are ours: keep their logins current.
+    update_login(api, conn, force=fresh)
+    update_login(api, writer, force=writer_fresh, name=WRITER_CONNECTION)
+    return seed(api, conn, home / "demo_key", writer)
 
 
 def down(settings: Settings, keep_services: bool) -> None:
@@ -240,8 +253,11 @@ def main(argv=None) -> int:
     p_seed.add_argument("--pg-host", default="postgres")
     p_seed.add_argument("--pg-port", type=int, default=5432)
     p_seed.add_argument("--pg-database", default="demo")
-    p_seed.add_argument("--pg-user", default="postgres")
+    p_seed.add_argument("--pg-user", default=READER)  # a read-only role, never the superuser
     p_seed.add_argument("--pg-password", default="${GATEWAY_DEMO_PG_PASSWORD}")
+    # The demo_writer connection: a role that may only run the load tests' deposit UPDATE.
+    p_seed.add_argument("--pg-writer-user", default=WRITER)
+    p_seed.add_argument("--pg-writer-password", default="${GATEWAY_DEMO_WRITER_PG_PASSWORD}")
     p_seed.add_argument("--key-file", default=".fleet/demo_key")
     args = parser.parse_args(argv)
     settings = Settings.from_env()
@@ -256,9 +272,10 @@ def main(argv=None) -> int:
     if args.command == "seed":
         if not _wait_http(args.url.rstrip("/") + "/health", 120):
             raise SystemExit(f"{args.url} does not answer")
-        pg = {"host": args.pg_host, "port": args.pg_port, "database": args.pg_database,
-              "user": args.pg_user, "password": args.pg_password}
-        print(seed(Api(args.url, args.admin_key), pg, Path(args.key_file)))
+        at = {"host": args.pg_host, "port": args.pg_port, "database": args.pg_database}
+        pg = {**at, "user": args.pg_user, "password": args.pg_password}
+        writer = {**at, "user": args.pg_writer_user, "password": args.pg_writer_password}
+        print(seed(Api(args.url, args.admin_key), pg, Path(args.key_file), writer))
         return 0
     return 2
 

@@ -7,6 +7,9 @@ servers, bound to 127.0.0.1 only, with generated passwords kept in ``<home>`` (m
     <home>/pg.log          PostgreSQL server log
     <home>/pgrun/          PostgreSQL unix socket directory
     <home>/pg_password     superuser ("postgres") password
+    <home>/pg_demo_password   password of ``demo_reader``, the demo connection's read-only role
+    <home>/pg_demo_writer_password   password of ``demo_writer``, the demo_writer connection's
+                           role: it may only run the load tests' deposit UPDATE
     <home>/redis.conf      generated Redis config (holds the password, so 0600)
     <home>/redis.pid, redis.log, redis_password
     <home>/admin_key, secret_key   generated once when not configured
@@ -45,6 +48,7 @@ from psycopg2 import sql
 
 __all__ = [
     "LocalPostgres", "LocalRedis", "ensure_embedded", "stop_embedded", "demo_database_url",
+    "demo_reader_password", "demo_writer_password",
 ]
 
 _SOCKET_PATH_MAX = 100  # sun_path is 108 bytes; PostgreSQL adds "/.s.PGSQL.<port>"
@@ -352,6 +356,26 @@ def demo_database_url(settings) -> str:
     pg.start()
     pg.ensure_database("demo")
     return pg.url("demo")
+
+
+def demo_reader_password(settings) -> tuple[str, bool]:
+    """The demo role's password, generated on first use like the others; and whether it was
+    generated now (a demo connection saved before then holds another one)."""
+    return _demo_password(settings, "pg_demo_password")
+
+
+def demo_writer_password(settings) -> tuple[str, bool]:
+    """The same for ``demo_writer``, the role of the demo_writer connection."""
+    return _demo_password(settings, "pg_demo_writer_password")
+
+
+def _demo_password(settings, name: str) -> tuple[str, bool]:
+    home = _home(settings)
+    path = home / name
+    with _home_lock(home):
+        before = path.read_text().strip() if path.exists() else ""
+        password = _secret_file(path, 24)
+        return password, password != before
 
 
 def stop_embedded(settings) -> None:

@@ -1,6 +1,12 @@
-"""The demo: a connection, two published queries and a key, created through the
+"""The demo: two connections, two published queries and a key, created through the
 Management API exactly as a QueryAPIGate user's script would. Safe to re-run: what exists
-is left alone, and the demo key's secret is kept in a file (rotated if it was lost)."""
+is left alone, and the demo key's secret is kept in a file (rotated if it was lost).
+
+The connection ``demo`` logs in as ``demo_reader`` (fleet/demo.py), a role that may only
+SELECT the demo tables; both queries only read. A second connection, ``demo_writer``, logs in
+as ``demo_writer``, a role that may only run the load tests' deposit (``UPDATE
+pgbench_accounts SET abalance = abalance + :delta WHERE aid = :aid``,
+loadtests/scenarios/provision.py); the demo key is not granted it."""
 from __future__ import annotations
 
 import json
@@ -9,13 +15,16 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+CONNECTION = "demo"
+WRITER_CONNECTION = "demo_writer"
+
 DEMO_QUERIES = [
-    {"name": "account", "connection_name": "demo",
+    {"name": "account", "connection_name": CONNECTION,
      "sql": "SELECT aid, bid, abalance FROM pgbench_accounts WHERE aid = :aid",
      "parameters": {"aid": {"type": "int", "required": True, "min": 1,
                             "description": "account id, 1 to 1,000,000"}},
      "description": "One pgbench account by primary key", "publish": True},
-    {"name": "customers", "connection_name": "demo",
+    {"name": "customers", "connection_name": CONNECTION,
      "sql": "SELECT id, name, email, country, plan FROM customers "
             "WHERE country = :country AND plan = :plan ORDER BY id",
      "parameters": {"country": {"type": "str", "enum": ["DE", "FR", "GB", "JP", "US"], "default": "DE"},
@@ -44,16 +53,34 @@ class Api:
             return err.code, (json.loads(raw) if raw[:1] == b"{" else raw)
 
 
-def seed(api: Api, pg: dict, key_file: Path) -> str:
-    """Create the demo objects that are missing; returns the demo key's secret."""
-    status, body = api.call("POST", "/api/v1/connections", {"name": "demo", "db": "postgres", **pg, "active": True})
-    if status not in (201, 409):
-        raise RuntimeError(f"creating the demo connection answered {status}: {body}")
+def update_login(api: Api, pg: dict, force: bool = False, name: str = CONNECTION) -> None:
+    """Give the saved demo connection ``name`` ``pg``'s login when it logs in as another user
+    (an older `fleet up` saved the superuser) or, with ``force``, anyway (its password was
+    regenerated). Only for a demo connection the caller owns: `fleet up`'s, on the embedded
+    PostgreSQL."""
+    status, body = api.call("GET", f"/api/v1/connections/{name}")
+    if status == 404 or (status == 200 and body.get("user") == pg["user"] and not force):
+        return
+    if status == 200:
+        status, body = api.call("PATCH", f"/api/v1/connections/{name}", pg)
+    if status != 200:
+        raise RuntimeError(f"updating the {name} connection's login answered {status}: {body}")
+
+
+def seed(api: Api, pg: dict, key_file: Path, writer: dict | None = None) -> str:
+    """Create the demo objects that are missing (the demo_writer connection too, with the
+    login ``writer``, when given); returns the demo key's secret."""
+    logins = {CONNECTION: pg, **({WRITER_CONNECTION: writer} if writer else {})}
+    for name, login in logins.items():
+        status, body = api.call("POST", "/api/v1/connections",
+                                {"name": name, "db": "postgres", **login, "active": True})
+        if status not in (201, 409):
+            raise RuntimeError(f"creating the {name} connection answered {status}: {body}")
     for query in DEMO_QUERIES:
         status, body = api.call("POST", "/api/v1/queries", query)
         if status not in (201, 409):
             raise RuntimeError(f"creating query {query['name']} answered {status}: {body}")
-    grants = {"name": "demo", "queries": [q["name"] for q in DEMO_QUERIES], "connections": ["demo"]}
+    grants = {"name": "demo", "queries": [q["name"] for q in DEMO_QUERIES], "connections": [CONNECTION]}
     status, body = api.call("POST", "/api/v1/api-keys", grants)
     if status == 201:
         secret = body["secret"]

@@ -22,7 +22,7 @@
 | ManagementChurn (churn) | publishes versions; creates, rotates, revokes keys | a changed key works / stops working at once |
 
 Setup runs in the `test_start` listener (on the master or the local runner; workers get the secrets in a message):
-the data connection, the saved queries and fresh keys, through the Management API (loadtests/scenarios/provision.py
+the data connections, the saved queries and fresh keys, through the Management API (loadtests/scenarios/provision.py
 says which and how to configure them). A run that cannot be set up stops with the reason.
 """
 from __future__ import annotations

@@ -8,8 +8,8 @@
 * Every GATEWAY_* name used in compose/ is a gateway setting (or on NOT_SETTINGS), every
   variable the files read is documented in .env.example, and nginx in compose/nginx.conf
   behaves as fleet/cli.py's NGINX_CONF.
-* compose/initdb/20-demo.sql is what compose/gen_initdb.py generates from fleet/demo.py,
-  and every file in compose/initdb is mounted into the postgres service.
+* compose/initdb/20-demo.sql and 30-demo-grants.sql are what compose/gen_initdb.py generates
+  from fleet/demo.py, and every file in compose/initdb is mounted into the postgres service.
 
 None of this needs PostgreSQL, Redis or a Docker engine.
 """
@@ -51,6 +51,8 @@ NOT_SETTINGS = {
     # connection opens, and the postgres init script sets the demo_reader role's password
     # from it.
     "GATEWAY_DEMO_PG_PASSWORD",
+    # The same for the demo_writer connection and role (the load tests' deposit).
+    "GATEWAY_DEMO_WRITER_PG_PASSWORD",
 }
 
 
@@ -162,6 +164,7 @@ def test_compose_model():
     assert env["GATEWAY_DATABASE_URL"] == "postgresql://gateway:change-me-store@postgres:5432/gateway"
     assert env["GATEWAY_REDIS_URL"] == "redis://:change-me-redis@redis:6379/0"
     assert env["GATEWAY_DEMO_PG_PASSWORD"] == "change-me-demo"
+    assert env["GATEWAY_DEMO_WRITER_PG_PASSWORD"] == "change-me-writer"
     assert "GATEWAY_WORKERS" in env and env["GATEWAY_WORKERS"] == ""   # one worker per CPU given
     for dep in ("postgres", "redis"):
         assert gw["depends_on"][dep]["condition"] == "service_healthy"
@@ -173,6 +176,9 @@ def test_compose_model():
     # `$$` in the file: the reference reaches the gateway unresolved.
     assert cmd[cmd.index("--pg-password") + 1] == "${GATEWAY_DEMO_PG_PASSWORD}"
     assert cmd[cmd.index("--pg-host") + 1] == "postgres"
+    assert cmd[cmd.index("--pg-user") + 1] == "demo_reader"
+    assert cmd[cmd.index("--pg-writer-user") + 1] == "demo_writer"
+    assert cmd[cmd.index("--pg-writer-password") + 1] == "${GATEWAY_DEMO_WRITER_PG_PASSWORD}"
 
     lb = svc["lb"]
     assert [(str(p["published"]), p["target"]) for p in lb["ports"]] == [("8080", 8080)]
@@ -236,6 +242,7 @@ def test_swarm_stack_config_accepts_the_file():
                           docker], capture_output=True, text=True, timeout=60, env=clean_env(), cwd=COMPOSE)
     assert out.returncode == 0, f"docker stack config rejected compose/docker-compose.yml:\n{out.stderr}"
     assert "${GATEWAY_DEMO_PG_PASSWORD}" in out.stdout   # `$$` survives as a literal reference
+    assert "${GATEWAY_DEMO_WRITER_PG_PASSWORD}" in out.stdout
     assert "change-me-store@postgres:5432/gateway" in out.stdout
 
 
@@ -287,7 +294,7 @@ def test_env_example_documents_every_variable():
 def test_env_example_secrets_are_placeholders():
     text = ENV_EXAMPLE.read_text()
     for var in ("POSTGRES_PASSWORD", "FLEET_STORE_PG_PASSWORD", "GATEWAY_DEMO_PG_PASSWORD",
-                "REDIS_PASSWORD", "GATEWAY_ADMIN_KEY", "GATEWAY_SECRET_KEY"):
+                "GATEWAY_DEMO_WRITER_PG_PASSWORD", "REDIS_PASSWORD", "GATEWAY_ADMIN_KEY", "GATEWAY_SECRET_KEY"):
         assert re.search(rf"^{var}=change-me-[a-z]+$", text, re.M), var
 
 
@@ -349,3 +356,7 @@ def test_initdb_sql_is_generated_from_fleet_demo():
     for _tables, ddl in demo._GROUPS.values():
         assert ddl.strip() in sql
     assert f"generate_series(1, {demo.ACCOUNTS})" in sql
+    # The demo roles get exactly the grants fleet up gives them on the embedded PostgreSQL.
+    grants = (INITDB / "30-demo-grants.sql").read_text()
+    assert demo.reader_grants(demo.READER, "demo") in grants
+    assert demo.writer_grants(demo.WRITER, "demo") in grants

@@ -8,13 +8,42 @@ import json
 import os
 import subprocess
 
-from conftest import ADMIN_KEY, ROOT, free_port
+from conftest import ADMIN_KEY, ROOT, free_port, unique
+from loadtests.scenarios import provision
 
 SCENARIOS = ["PlainLookup", "GovernedLookup", "AccountPage", "RateLimited", "ChurnReader", "ManagementChurn"]
 
 
-def test_locust_headless_against_the_fleet(gunicorn, demo_connection, tmp_path):
+def test_deposit_runs_on_the_write_connection():
+    """deposit is saved on the write connection (demo_writer: a role that may only run it); the
+    reads stay on the read connection, and the writer key is granted both."""
+    saved = provision.queries("reads", "writes")
+    assert {name: q["connection_name"] for name, q in saved.items()} == {
+        "account": "reads", "account_governed": "reads", "account_page": "reads", "deposit": "writes",
+        "account_versioned": "reads"}
+    granted = provision.keys("reads", "writes")
+    assert granted["writer"]["connections"] == ["reads", "writes"]
+    assert all(k["connections"] == ["reads"] for scenario, k in granted.items() if scenario != "writer")
+    assert provision.keys("one", "one")["writer"]["connections"] == ["one"]
+
+
+def test_connections_to_create_log_in_as_the_demo_roles(monkeypatch):
+    for var in ("GATEWAY_DEMO_PG_USER", "GATEWAY_DEMO_PG_PASSWORD", "GATEWAY_DEMO_WRITER_PG_USER",
+                "GATEWAY_DEMO_WRITER_PG_PASSWORD"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("GATEWAY_DEMO_PG_HOST", "db")
+    reads, writes = provision.connection_body("demo"), provision.connection_body("demo_writer", writer=True)
+    assert (reads["user"], reads["password"]) == ("demo_reader", "${GATEWAY_DEMO_PG_PASSWORD}")
+    assert (writes["user"], writes["password"]) == ("demo_writer", "${GATEWAY_DEMO_WRITER_PG_PASSWORD}")
+    assert writes["host"] == "db" and writes["name"] == "demo_writer"
+    monkeypatch.setenv("GATEWAY_DEMO_WRITER_PG_PASSWORD", "w")
+    assert provision.connection_body("w", writer=True)["password"] == "w"
+
+
+def test_locust_headless_against_the_fleet(gunicorn, demo_connection, api, tmp_path):
+    # deposit goes to a connection of its own (fleet up's demo_writer), here another one to the demo database.
     env = {**os.environ, "GATEWAY_ADMIN_KEY": ADMIN_KEY, "LOADTEST_CONNECTION": demo_connection,
+           "LOADTEST_WRITE_CONNECTION": api.connection(unique("demo_writer")),
            "LOADTEST_KEY_PREFIX": f"ci{free_port()}"}
     run = subprocess.run([str(ROOT / ".venv/bin/locust"), "-f", "loadtests/locustfile.py", "--headless",
                           "-u", "8", "-r", "8", "-t", "6s", "--host", gunicorn.base, "--csv", str(tmp_path / "run"),

@@ -3,10 +3,19 @@
 -- i.e. from compose/.env; nothing secret is written in this file.
 --
 --   gateway      owns the `gateway` database: the gateway's store (GATEWAY_DATABASE_URL).
---   demo_reader  may only read the `demo` database (20-demo.sql, 30-demo-grants.sql): the
---                demo connection that `fleet seed` creates logs in as this role.
+--   demo_reader  may only connect to the `demo` database and SELECT its demo tables
+--                (20-demo.sql, 30-demo-grants.sql): the demo connection that `fleet seed`
+--                creates logs in as this role, never as the superuser. Its attributes are
+--                the ones fleet/demo.py gives it on the embedded PostgreSQL.
+--   demo_writer  may only connect to the `demo` database and run the load tests' deposit:
+--                SELECT (aid, abalance), UPDATE (abalance) ON pgbench_accounts
+--                (30-demo-grants.sql); the demo_writer connection logs in as this role.
 \getenv store_password FLEET_STORE_PG_PASSWORD
 \getenv demo_password GATEWAY_DEMO_PG_PASSWORD
+\getenv demo_writer_password GATEWAY_DEMO_WRITER_PG_PASSWORD
 CREATE ROLE gateway LOGIN PASSWORD :'store_password';
 CREATE DATABASE gateway OWNER gateway;
-CREATE ROLE demo_reader LOGIN PASSWORD :'demo_password';
+CREATE ROLE demo_reader LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE NOREPLICATION NOBYPASSRLS
+    PASSWORD :'demo_password';
+CREATE ROLE demo_writer LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE NOREPLICATION NOBYPASSRLS
+    PASSWORD :'demo_writer_password';

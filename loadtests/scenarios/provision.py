@@ -6,10 +6,17 @@ writes the secrets as shell assignments (KEY_PLAIN=gw_..., ...) for loadtests/oh
 calls provision() itself in its test_start listener. The admin key comes from GATEWAY_ADMIN_KEY (or the file
 <GATEWAY_HOME>/admin_key that the embedded default writes).
 
-The data connection (default name ``demo``, LOADTEST_CONNECTION to change it) is reused when it exists (``fleet up``
-seeds it); otherwise it is created from GATEWAY_DEMO_PG_HOST / _PORT / _DATABASE / _USER and GATEWAY_DEMO_PG_PASSWORD.
-When GATEWAY_DEMO_PG_PASSWORD is not set here, the connection is saved with the literal reference
-``${GATEWAY_DEMO_PG_PASSWORD}``, which the server resolves from its own environment when a session opens.
+Two data connections, each reused when it exists (``fleet up`` and ``fleet seed`` create both):
+
+- the reads' (default name ``demo``, LOADTEST_CONNECTION to change it), otherwise created from GATEWAY_DEMO_PG_HOST /
+  _PORT / _DATABASE, GATEWAY_DEMO_PG_USER (default ``demo_reader``) and GATEWAY_DEMO_PG_PASSWORD;
+- the write's, ``deposit``'s (default name ``demo_writer``, LOADTEST_WRITE_CONNECTION to change it): a role that may
+  only run the deposit (``demo_writer``: SELECT (aid, abalance), UPDATE (abalance) ON pgbench_accounts; fleet/demo.py),
+  otherwise created from the same host, port and database, GATEWAY_DEMO_WRITER_PG_USER (default ``demo_writer``) and
+  GATEWAY_DEMO_WRITER_PG_PASSWORD.
+
+A password not set here is saved as the literal reference (``${GATEWAY_DEMO_PG_PASSWORD}``,
+``${GATEWAY_DEMO_WRITER_PG_PASSWORD}``), which the server resolves from its own environment when a session opens.
 
 Queries (the peer's OLTP set, plus two of ours):
 
@@ -18,7 +25,7 @@ Queries (the peer's OLTP set, plus two of ours):
 | account | SELECT aid, bid, abalance FROM pgbench_accounts WHERE aid = :aid | plain lookup, mix, rate limit |
 | account_governed | the same SQL, a query of its own | governed lookup |
 | account_page | the 100-row page (a join on pgbench_branches), page_size=100 | page |
-| deposit | UPDATE pgbench_accounts SET abalance = abalance + :delta WHERE aid = :aid | write, mix |
+| deposit | UPDATE pgbench_accounts SET abalance = abalance + :delta WHERE aid = :aid (on the write connection) | write, mix |
 | account_versioned | the lookup, plus ``<N> AS version``: version N answers N | management churn |
 
 Keys (recreated on every run: a secret is shown only once):
@@ -27,7 +34,7 @@ Keys (recreated on every run: a secret is shown only once):
 | --- | --- |
 | lt-plain | account, account_page |
 | lt-governed | account_governed; a rate limit and a quota far above any load, so admission runs on every call; plus whatever LOADTEST_GOVERNED_GRANTS holds (JSON, merged in: e.g. ``{"allowed_tables": [...], "mask": [...]}`` once the gateway has them) |
-| lt-writer | deposit and account, ``allow_writes`` (the server also needs GATEWAY_ALLOW_WRITES=1) |
+| lt-writer | deposit and account (both connections), ``allow_writes`` (the server also needs GATEWAY_ALLOW_WRITES=1) |
 | lt-limited | account, rate_limit LOADTEST_RATE_LIMIT (default ``20/second``), burst = the limit |
 | lt-churn-reader | account_versioned |
 
@@ -44,6 +51,7 @@ from pathlib import Path
 from fleet.seed import Api
 
 CONNECTION = os.environ.get('LOADTEST_CONNECTION', 'demo')
+WRITE_CONNECTION = os.environ.get('LOADTEST_WRITE_CONNECTION', 'demo_writer')
 PREFIX = os.environ.get('LOADTEST_KEY_PREFIX', 'lt')
 RATE_LIMIT = os.environ.get('LOADTEST_RATE_LIMIT', '20/second')
 HUGE_RATE = '1000000/second'
@@ -78,7 +86,7 @@ def _json_env(name: str) -> dict:
     return value
 
 
-def queries(connection: str = CONNECTION) -> dict[str, dict]:
+def queries(connection: str = CONNECTION, write_connection: str = WRITE_CONNECTION) -> dict[str, dict]:
     base = {'connection_name': connection, 'publish': True, 'tags': ['loadtest']}
     return {
         'account': {**base, 'sql': ACCOUNT_SQL, 'parameters': {'aid': AID},
@@ -88,7 +96,7 @@ def queries(connection: str = CONNECTION) -> dict[str, dict]:
         'account_page': {**base, 'sql': PAGE_SQL,
                          'parameters': {'start': {'type': 'int', 'required': True, 'min': 1}},
                          'description': '100 accounts from :start, with their branch'},
-        'deposit': {**base, 'sql': DEPOSIT_SQL,
+        'deposit': {**base, 'connection_name': write_connection, 'sql': DEPOSIT_SQL,
                     'parameters': {'aid': AID, 'delta': {'type': 'int', 'required': True, 'min': 1, 'max': 9}},
                     'description': 'Add :delta to one account (a write)'},
         'account_versioned': {**base, 'sql': versioned_sql(1), 'parameters': {'aid': AID},
@@ -96,14 +104,15 @@ def queries(connection: str = CONNECTION) -> dict[str, dict]:
     }
 
 
-def keys(connection: str = CONNECTION) -> dict[str, dict]:
+def keys(connection: str = CONNECTION, write_connection: str = WRITE_CONNECTION) -> dict[str, dict]:
     """scenario -> key body."""
     conn = [connection]
+    both = list(dict.fromkeys([connection, write_connection]))
     return {
         'plain': {'name': f'{PREFIX}-plain', 'queries': ['account', 'account_page'], 'connections': conn},
         'governed': {'name': f'{PREFIX}-governed', 'queries': ['account_governed'], 'connections': conn,
                      'rate_limit': HUGE_RATE, 'quota': HUGE_QUOTA, **_json_env('LOADTEST_GOVERNED_GRANTS')},
-        'writer': {'name': f'{PREFIX}-writer', 'queries': ['deposit', 'account'], 'connections': conn,
+        'writer': {'name': f'{PREFIX}-writer', 'queries': ['deposit', 'account'], 'connections': both,
                    'allow_writes': True},
         'limited': {'name': f'{PREFIX}-limited', 'queries': ['account'], 'connections': conn,
                     'rate_limit': RATE_LIMIT, 'rate_limit_burst': rate_limit_number(RATE_LIMIT)},
@@ -130,16 +139,21 @@ def admin_key_from_env() -> str:
     raise ProvisionError('no admin key: set GATEWAY_ADMIN_KEY (or GATEWAY_HOME to the folder holding admin_key)')
 
 
-def connection_body(name: str = CONNECTION) -> dict:
+def connection_body(name: str = CONNECTION, writer: bool = False) -> dict:
+    """The body of a data connection to create: the reads' (``demo_reader``) or, with ``writer``, deposit's
+    (``demo_writer``), from the GATEWAY_DEMO_* environment (the module's docstring)."""
     env = os.environ
     host = env.get('GATEWAY_DEMO_PG_HOST')
+    prefix = 'GATEWAY_DEMO_WRITER_PG' if writer else 'GATEWAY_DEMO_PG'
     if not host:
+        hint = f' (or LOADTEST_{"WRITE_" if writer else ""}CONNECTION to an existing one)'
         raise ProvisionError(f'connection {name!r} does not exist and GATEWAY_DEMO_PG_HOST is not set: set '
-                             'GATEWAY_DEMO_PG_HOST/PORT/DATABASE/USER (and GATEWAY_DEMO_PG_PASSWORD) to create it')
+                             f'GATEWAY_DEMO_PG_HOST/PORT/DATABASE, {prefix}_USER (and {prefix}_PASSWORD) to create '
+                             f'it{hint}; `fleet up` and `fleet seed` create demo and demo_writer')
     return {'name': name, 'db': 'postgres', 'host': host, 'port': int(env.get('GATEWAY_DEMO_PG_PORT', '5432')),
             'database': env.get('GATEWAY_DEMO_PG_DATABASE', 'demo'),
-            'user': env.get('GATEWAY_DEMO_PG_USER', 'postgres'),
-            'password': env.get('GATEWAY_DEMO_PG_PASSWORD') or '${GATEWAY_DEMO_PG_PASSWORD}', 'active': True}
+            'user': env.get(f'{prefix}_USER', 'demo_writer' if writer else 'demo_reader'),
+            'password': env.get(f'{prefix}_PASSWORD') or '${%s_PASSWORD}' % prefix, 'active': True}
 
 
 def _expect(what: str, status: int, body, ok=(200, 201)):
@@ -147,11 +161,12 @@ def _expect(what: str, status: int, body, ok=(200, 201)):
         raise ProvisionError(f'{what} answered {status}: {str(body)[:400]}')
 
 
-def ensure_connection(api: Api, name: str = CONNECTION) -> str:
+def ensure_connection(api: Api, name: str = CONNECTION, writer: bool = False) -> str:
     status, body = api.call('GET', f'/api/v1/connections/{name}')
     if status == 200:
-        return f'connection {name}: exists, reused ({body.get("host")}:{body.get("port")}/{body.get("database")})'
-    status, body = api.call('POST', '/api/v1/connections', connection_body(name))
+        return (f'connection {name}: exists, reused ({body.get("user")}@{body.get("host")}:{body.get("port")}/'
+                f'{body.get("database")})')
+    status, body = api.call('POST', '/api/v1/connections', connection_body(name, writer))
     _expect(f'creating connection {name}', status, body, ok=(201, 409))
     return f'connection {name}: created'
 
@@ -203,7 +218,8 @@ def probe_max_id(api: Api, secret: str, default: int = 1_000_000) -> int:
     return best or default
 
 
-def provision(base_url: str, admin_key: str | None = None, *, connection: str = CONNECTION) -> dict:
+def provision(base_url: str, admin_key: str | None = None, *, connection: str = CONNECTION,
+              write_connection: str = WRITE_CONNECTION) -> dict:
     """Everything the scenarios need; returns {'secrets', 'max_id', 'newest_version', 'writes', 'notes'}."""
     api = Api(base_url, admin_key or admin_key_from_env())
     status, body = api.call('GET', '/api/v1/queries')
@@ -211,8 +227,10 @@ def provision(base_url: str, admin_key: str | None = None, *, connection: str = 
         raise ProvisionError('the admin key was refused (401): check GATEWAY_ADMIN_KEY')
     _expect('listing queries', status, body)
     notes = [ensure_connection(api, connection)]
-    docs = {name: ensure_query(api, name, body) for name, body in queries(connection).items()}
-    secrets = {scenario: recreate_key(api, body) for scenario, body in keys(connection).items()}
+    if write_connection != connection:
+        notes.append(ensure_connection(api, write_connection, writer=True))
+    docs = {name: ensure_query(api, name, body) for name, body in queries(connection, write_connection).items()}
+    secrets = {scenario: recreate_key(api, body) for scenario, body in keys(connection, write_connection).items()}
     max_id = int(os.environ.get('LOADTEST_MAX_ID') or probe_max_id(api, secrets['plain']))
     status, body = api.call('GET', '/q/account?aid=42', key=secrets['plain'])
     if status != 200:
@@ -225,7 +243,7 @@ def provision(base_url: str, admin_key: str | None = None, *, connection: str = 
         writes = (f'refused: {status} {code}' + (' - start the server with GATEWAY_ALLOW_WRITES=1'
                                                  if code == 'write_not_allowed' else ''))
     version = docs['account_versioned'].get('published_version') or 1
-    notes.append(f'queries: {", ".join(docs)}; keys: {", ".join(b["name"] for b in keys(connection).values())}; '
+    notes.append(f'queries: {", ".join(docs)}; keys: {", ".join(b["name"] for b in keys().values())}; '
                  f'aid 1..{max_id:,}; account_versioned serves version {version}; writes {writes}')
     return {'secrets': secrets, 'max_id': max_id, 'newest_version': version, 'writes': writes, 'notes': notes}
 
