@@ -169,6 +169,14 @@ class LeasedAdmission:
         with lease.lock:
             lease.rows_pending += rows
 
+    def rows_left(self, key) -> int | None:
+        quota = key.quota
+        if quota is None or quota.rows is None:
+            return None
+        lease = self._quota_lease(key, quota)
+        with lease.lock:
+            return max(quota.rows - lease.rows_used - lease.rows_pending, 0)
+
     # --- rate limits ------------------------------------------------------------------
     def _lease(self, bucket: str) -> _Lease:
         lease = self._leases.get(bucket)

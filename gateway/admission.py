@@ -6,7 +6,7 @@ pre-debited leases, so a call almost never waits on Redis.
 
 ``admit_*`` return the response headers to add (a tuple of name/value pairs) or raise a
 429 ``GatewayError``; ``settle`` reports the rows a call returned (row quotas settle after
-the call).
+the call); ``rows_left`` bounds a stream.
 """
 from __future__ import annotations
 
@@ -24,6 +24,11 @@ class Admission(Protocol):
 
     def settle(self, key, rows: int) -> None: ...
 
+    def rows_left(self, key) -> int | None:
+        """Rows the key may still receive this period as far as this worker knows (None:
+        no rows quota). A stream stops there; a page may overshoot by its own size."""
+        ...
+
     def close(self) -> None: ...
 
 
@@ -40,6 +45,9 @@ class AdmitAll:
 
     def settle(self, key, rows: int) -> None:
         pass
+
+    def rows_left(self, key) -> int | None:
+        return None
 
     def usage(self, keys) -> list:
         return []

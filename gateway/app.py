@@ -6,6 +6,7 @@ every worker owns its pools, its catalog, its bus thread and its history thread.
 from __future__ import annotations
 
 import logging
+import traceback
 import os
 
 import falcon
@@ -79,6 +80,8 @@ def _send_error(req, resp, error: GatewayError) -> None:
 
 
 def _on_gateway_error(req, resp, ex, params):
+    if ex.detail:
+        log.warning("request %s: %s: %s", request_id(req), ex.code, ex.detail[:_MAX_LOGGED])
     _send_error(req, resp, ex)
 
 
@@ -89,8 +92,15 @@ def _on_http_error(req, resp, ex, params):
                                         headers=ex.headers))  # e.g. a 405's Allow
 
 
+_MAX_LOGGED = 2000
+
+
 def _on_unexpected(req, resp, ex, params):
-    log.exception("unhandled error in request %s", request_id(req))
+    # Bounded: a hostile input must not buy a megabyte of log per request.
+    text = "".join(traceback.format_exception(ex))
+    if len(text) > 2 * _MAX_LOGGED:
+        text = f"{text[:_MAX_LOGGED]}\n[... {len(text) - 2 * _MAX_LOGGED} characters left out ...]\n{text[-_MAX_LOGGED:]}"
+    log.error("unhandled error in request %s\n%s", request_id(req), text)
     _send_error(req, resp, GatewayError(500, "internal_error", "internal error; quote the request id"))
 
 

@@ -14,11 +14,10 @@ import psycopg2.extras
 
 from .governance import Analysis, Grants
 from .limits import Quota, Rate
-from .params import ParamBinder, compile_specs
-from .sqltext import PreparedText
+from .params import SQL_TYPES, ParamBinder, compile_specs
+from . import sql
+from .errors import GatewayError
 
-SQL_TYPES = {"int": "bigint", "float": "double precision", "str": "text", "bool": "boolean",
-             "date": "date", "datetime": "timestamp"}
 
 
 class Connection:
@@ -41,14 +40,12 @@ class Connection:
 
 class QueryVersion:
     __slots__ = ("query_id", "name", "version", "connection", "sql", "kind", "binder",
-                 "value_order", "statement", "prepare_sql", "execute_sql", "stream_sql",
-                 "published_at", "description", "tags", "parameters", "max_affected_rows", "columns",
+                 "value_order", "statement", "prepare_sql", "execute_sql", "stream_template",
+                 "published_at", "description", "tags", "parameters", "max_affected_rows",
                  "analysis", "masks")
 
     def __init__(self, name: str, row: dict, connection: Connection):
         analysis = row["extra"]["analysis"]
-        text = PreparedText(analysis["positional"], analysis["pyformat"], tuple(analysis["order"]),
-                            analysis["kind"])
         specs = compile_specs(row["parameters"])
         by_name = {s.name: i for i, s in enumerate(specs)}
         self.query_id = row["query_id"]
@@ -56,30 +53,47 @@ class QueryVersion:
         self.version = row["version"]
         self.connection = connection
         self.sql = row["sql"]
-        self.kind = text.kind
+        self.kind = analysis["kind"]
         self.binder = ParamBinder(specs)
         # bind() returns values in declaration order; the statement wants first-use order.
-        self.value_order = tuple(by_name[n] for n in text.order)
+        self.value_order = tuple(by_name[n] for n in analysis["order"])
         self.statement = f"gw_q{self.query_id}_v{self.version}"
         self.parameters = row["parameters"]
         self.description = row["description"]
         self.tags = row["tags"]
         self.published_at = row["published_at"]
         self.max_affected_rows = row["extra"].get("max_affected_rows")
-        self.columns = None   # learned from the first result (see execution.runner)
-        governance = row["extra"].get("governance")
-        # Versions saved before governance existed have no analysis: refused at plan time.
-        self.analysis = Analysis.from_doc(governance) if governance else None
         self.masks = row["extra"].get("mask")
-        types = ", ".join(SQL_TYPES[specs[by_name[n]].kind] for n in text.order)
+        self.stream_template = None
+        self.prepare_sql = self.execute_sql = ""
+        try:
+            self._prepare(analysis, specs, by_name)
+            governance = row["extra"].get("governance")
+            self.analysis = Analysis.from_doc(governance) if governance else None
+        except (GatewayError, ValueError, KeyError):
+            # Saved by an older release (before governance, or an analysis or reading this
+            # release no longer accepts): refused at plan time until it is saved again.
+            self.analysis = None
+
+    def _prepare(self, analysis: dict, specs, by_name: dict) -> None:
+        # Read again by PostgreSQL's parser (start-up work, not per call): the text, where
+        # its parameters are, and the paged form, each checked to be the statement analysed.
+        text = sql.read_positional(analysis["positional"], tuple(analysis["order"]))
+        if text.kind != self.kind:
+            raise ValueError("the stored kind is not the statement's")
+        casts = tuple(SQL_TYPES[specs[by_name[n]].kind] for n in text.order)
+        types = ", ".join(casts)
         n = len(text.order)
         if self.kind == "read":
             # Reads are paged inside the statement: LIMIT/OFFSET are two extra parameters.
-            body = f"SELECT * FROM (\n{text.positional}\n) AS _gw_page LIMIT ${n + 1} OFFSET ${n + 2}"
+            body = sql.paged(text).text
             types = ", ".join(filter(None, (types, "bigint, bigint")))
             args = n + 2
+            # A server-side cursor cannot take parameters: stream=true binds typed literals
+            # at the parser's parameter positions, checked by parsing again (gateway.sql.binding).
+            self.stream_template = sql.Template(text, casts)
         else:
-            body = text.positional
+            body = text.text
             args = n
         # psycopg2 interpolates %s in the whole string, so literal % in the SQL is doubled.
         # The newline ends a trailing "-- comment" of the saved SQL before the next statement.
@@ -87,13 +101,13 @@ class QueryVersion:
                             else f"PREPARE {self.statement} AS {body}\n").replace("%", "%%")
         self.execute_sql = f"EXECUTE {self.statement}({', '.join(['%s'] * args)})" if args \
             else f"EXECUTE {self.statement}"
-        self.stream_sql = text.pyformat
 
     def values(self, bound: tuple) -> tuple:
         return tuple(bound[i] for i in self.value_order)
 
-    def stream_args(self, bound: tuple) -> dict:
-        return {spec.name: bound[i] for i, spec in enumerate(self.binder.specs)}
+    def stream_text(self, bound: tuple) -> str:
+        """The statement with the call's values as checked literals (see stream_template)."""
+        return self.stream_template.render(self.values(bound))
 
 
 class Query:

@@ -7,16 +7,21 @@ from __future__ import annotations
 
 
 class GatewayError(Exception):
-    __slots__ = ("status", "code", "message", "extra", "headers")
+    __slots__ = ("status", "code", "message", "extra", "headers", "detail")
 
     def __init__(self, status: int, code: str, message: str, *, extra: dict | None = None,
-                 headers: dict | None = None):
+                 headers: dict | None = None, detail: str | None = None):
         super().__init__(message)
         self.status = status
         self.code = code
         self.message = message
         self.extra = extra
         self.headers = headers
+        self.detail = detail      # for the log only (with the request id), never for the caller
+
+    def with_detail(self, detail: str) -> "GatewayError":
+        self.detail = detail
+        return self
 
     def body(self, request_id: str) -> dict:
         doc = {"error": self.message, "code": self.code, "request_id": request_id}
@@ -63,13 +68,13 @@ CODES: dict[str, tuple[int, str]] = {
     "invalid_filter": (400, "A filter of a management listing (`/api/v1/history`, `/api/v1/audit`) is unknown or malformed."),
     "invalid_event_id": (400, "`Last-Event-ID` is not a stream id."),
     "invalid_sql": (400, "The saved SQL cannot be served: it does not parse, has more than one statement, an undeclared placeholder, or a statement kind that is refused."),
-    "query_failed": (400, "The data database rejected the statement (a data error such as a bad cast, a missing table or a constraint)."),
+    "query_failed": (400, "The data database rejected the statement (a data error such as a bad cast, a missing table or a constraint). The answer carries the `sqlstate` and its condition name only: the server's own message can echo values (a masked column's among them), so it goes to the log with the request id."),
     "too_many_rows_affected": (400, "A write touched more rows than its query's `max_affected_rows`; it was rolled back."),
     "unauthorized": (401, "No API key, an unknown key, or a wrong admin key."),
     "key_expired": (401, "The API key has passed its `expires_at`."),
     "query_not_allowed": (403, "The key is not granted this query."),
     "connection_not_allowed": (403, "The key is not granted the query's connection."),
-    "write_not_allowed": (403, "The query writes, and the key or the server does not allow writes."),
+    "write_not_allowed": (403, "The query writes, or calls a function with side effects (`nextval`, advisory locks, `txid_current`, ...), and the key or the server does not allow writes."),
     "query_not_found": (404, "No published query by that name (drafts are not served)."),
     "version_not_found": (404, "The query has no such version, or that version was never published."),
     "connection_not_found": (404, "No connection by that name."),

@@ -22,7 +22,7 @@ from .catalog import Connection
 from .governance import Grants, analyze, compile_masks
 from .limits import Quota, Rate
 from .params import compile_specs
-from .sqltext import prepare_text
+from . import sql as sqlreader
 
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 CONNECTION_FIELDS = {"name", "db", "host", "port", "database", "user", "password", "active", "options"}
@@ -294,18 +294,17 @@ class Management:
         if row is None:
             raise not_found("connection_not_found", f"connection '{connection_name}' not found")
         specs = compile_specs(body.get("parameters"))
-        text = prepare_text(body.get("sql"), frozenset(s.name for s in specs))
+        text = sqlreader.read(body.get("sql"), frozenset(s.name for s in specs))
         masks = body.get("mask")
         compile_masks(masks)  # checked now; applied per key at plan time
         # Save-time analysis against the connection's schema (fails closed with its code).
-        governance = self._analyze(Connection(row), text.positional)
+        governance = self._analyze(Connection(row), text)
         description = body.get("description") or ""
         if not isinstance(description, str):
             raise bad_request("invalid_body", "description must be a string", errors={"description": "must be a string"})
         if "publish" in body and not isinstance(body["publish"], bool):
             raise bad_request("invalid_body", "publish must be true or false", errors={"publish": "must be true or false"})
-        analysis = {"positional": text.positional, "pyformat": text.pyformat, "order": list(text.order),
-                    "kind": text.kind}
+        analysis = {"positional": text.text, "order": list(text.order), "kind": text.kind}
         extra = {"analysis": analysis, "governance": governance.to_doc()}
         if masks:
             extra["mask"] = masks
@@ -320,11 +319,12 @@ class Management:
                 "description": description, "tags": psycopg2.extras.Json(_str_list(body, "tags")),
                 "extra": psycopg2.extras.Json(extra)}
 
-    def _analyze(self, connection: Connection, positional_sql: str):
+    def _analyze(self, connection: Connection, statement: sqlreader.Statement):
         """Save-time analysis against the connection's schema, read afresh."""
-        return analyze(positional_sql, self._schemas.fresh(connection), self._settings.search_path_tuple(),
+        return analyze(statement, self._schemas.fresh(connection), self._settings.search_path_tuple(),
                        denied_functions=self._settings.denied_functions(),
-                       allowed_functions=self._settings.allowed_functions())
+                       allowed_functions=self._settings.allowed_functions(),
+                       allowed_catalog_relations=self._settings.allowed_catalog_relations())
 
     def _insert_version(self, cur, query_id: int, version: int, values: dict, publish: bool) -> None:
         values = dict(values, query_id=query_id, version=version)

@@ -67,6 +67,10 @@ class Settings:
                                 "(comma-separated, exact names, e.g. `pg_sleep`).")
     deny_functions: str = _doc("", "Function names added to the deny list of the analysis "
                                "(comma-separated; `name*` is a prefix).")
+    allow_catalog_relations: str = _doc("", "Relations of `pg_catalog` and `information_schema`, and relations "
+                                        "an extension owns (`public.pg_stat_statements`), that saved and ad-hoc "
+                                        "queries may read (comma-separated, schema-qualified, e.g. "
+                                        "`pg_catalog.pg_class`); every other one is refused for every key.")
     adhoc_cache: int = _doc(1000, "Distinct ad-hoc statements whose analysis each worker keeps.")
     allow_writes: bool = _doc(False, "Server ceiling for writes: saved queries that write run only "
                               "when this is on and the key has `allow_writes`.")
@@ -140,6 +144,10 @@ class Settings:
             raise SystemExit("GATEWAY_REDIS_FAILURE must be 'open' or 'closed'")
         if self.admission not in ("on", "off"):
             raise SystemExit("GATEWAY_ADMISSION must be 'on' or 'off'")
+        for name in self.allowed_catalog_relations():
+            if name.count(".") != 1 or not all(name.split(".")):
+                raise SystemExit("GATEWAY_ALLOW_CATALOG_RELATIONS names relations schema-qualified "
+                                 f"(pg_catalog.pg_class), got {name!r}")
 
     def worker_count(self) -> int:
         if self.workers > 0:
@@ -151,6 +159,9 @@ class Settings:
 
     def allowed_functions(self) -> tuple[str, ...]:
         return tuple(p.strip() for p in self.allow_functions.split(",") if p.strip())
+
+    def allowed_catalog_relations(self) -> tuple[str, ...]:
+        return tuple(p.strip() for p in self.allow_catalog_relations.split(",") if p.strip())
 
     def denied_functions(self) -> frozenset[str]:
         from .governance import DEFAULT_DENIED

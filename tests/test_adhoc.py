@@ -1,6 +1,8 @@
 """``POST /execute_sql``: ad-hoc SQL, analysed and governed exactly like a saved query."""
 from __future__ import annotations
 
+from conftest import unique
+
 
 def _run(api, secret, body):
     return api.request("POST", "/execute_sql", json_body=body, headers={"X-API-Key": secret})
@@ -52,3 +54,19 @@ def test_missing_and_unknown_params(api, demo_connection):
     assert extra.status == 400 and extra.json["code"] == "param_invalid"
     nested = _run(api, secret, {"sql": "SELECT :a AS a", "params": {"a": [1]}, "connection_name": demo_connection})
     assert nested.status == 400 and nested.json["code"] == "param_invalid"
+
+
+def test_a_refusal_lasts_only_until_the_schema_is_read_again(api, demo_connection, superuser):
+    # An ad-hoc statement naming a table that does not exist yet is refused, and the refusal
+    # is kept; once the worker reads the connection's schema again (here: saving a query on
+    # it reads it afresh), the statement is analysed anew.
+    secret = api.key([], [demo_connection])
+    table = unique("later").lower()
+    body = {"sql": f"SELECT id FROM {table}", "connection_name": demo_connection}
+    assert _run(api, secret, body).json["code"] == "unknown_table"
+    superuser(f"CREATE TABLE {table} (id int)", db="demo")
+    superuser(f"GRANT SELECT ON {table} TO PUBLIC", db="demo")
+    assert _run(api, secret, body).json["code"] == "unknown_table"      # still the kept refusal
+    api.query("SELECT 1 AS one", connection=demo_connection)             # reads the schema afresh
+    got = _run(api, secret, body)
+    assert got.status == 200 and got.json == [], got

@@ -228,6 +228,7 @@ PRODUCERS = {
     "sql_not_allowed": _save("SELECT id FROM orders FOR UPDATE"),
     "function_not_allowed": _save("SELECT pg_read_file('/etc/passwd') AS f"),
     "unknown_table": _save("SELECT * FROM no_such_table"),
+    "catalog_not_allowed": _save("SELECT query FROM pg_stat_activity"),
     "unknown_column": _save("SELECT no_such_column FROM customers"),
     "analysis_failed": _save("SELECT * FROM customers c, LATERAL pg_catalog.json_each('{}')"),
     "table_not_allowed": _call("SELECT id FROM customers", key_fields={"allowed_tables": ["public.orders"]}),
@@ -292,7 +293,7 @@ def check_error(reply, code: str) -> dict:
     assert (reply.status, reply.json.get("code")) == (status, code), reply
     body = reply.json
     assert {"error", "code", "request_id"} <= set(body)
-    assert set(body) - {"error", "code", "request_id"} <= {"errors", "sqlstate", "retry_after", "rows_affected"}
+    assert set(body) - {"error", "code", "request_id"} <= {"errors", "sqlstate", "condition", "retry_after", "rows_affected"}
     assert isinstance(body["error"], str) and body["error"]
     assert reply.headers["X-Request-Id"] == body["request_id"]
     assert reply.headers["Content-Type"] == "application/json"

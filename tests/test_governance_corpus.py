@@ -2,7 +2,7 @@
 PostgreSQL holding the demo tables.
 
 Each case is a real attempt: SQL (saved with ``:name`` placeholders, going through
-``gateway.sqltext`` first, or ad hoc in positional ``$n`` form), a key's grants, optional
+``gateway.sql`` first, or ad hoc in positional ``$n`` form), a key's grants, optional
 query masks and parameters, and the expected outcome:
 
 * ``refused:<code>``: analysis or planning refuses it with that stable code (``refused:*``:
@@ -14,6 +14,10 @@ query masks and parameters, and the expected outcome:
   statement run without the masks must have shown raw values, so the case is a real attempt;
 * ``echo:<param>``: it runs and the first cell is exactly the parameter's value (a value is
   data, never SQL);
+
+every case that runs with values runs twice, once as a prepared statement (the paged path)
+and once with the values as checked literals (the ad-hoc and stream path), and the two must
+return the same rows;
 * ``dberror:<sqlstate>``: PostgreSQL rejects the bound value itself;
 * ``ok``: it passes analysis and planning and runs.
 
@@ -37,7 +41,7 @@ from fleet.demo import create_demo_data
 from gateway.errors import GatewayError
 from gateway.governance import Analysis, Grants, analyze, load_schema, plan
 from gateway.governance.grants import compile_masks
-from gateway.sqltext import prepare_text
+from gateway.sql import Template, read, read_positional
 from services import start_postgres
 
 PORT = int(os.environ.get("GATEWAY_TEST_CORPUS_PG_PORT", "54469"))
@@ -62,6 +66,10 @@ INSERT INTO vip_customers (id, name, email, country, plan, created_at)
 CREATE TABLE notes (id serial PRIMARY KEY, body text);
 CREATE FUNCTION get_email(cid integer) RETURNS text LANGUAGE sql STABLE
     AS $$ SELECT email FROM customers WHERE id = cid $$;
+CREATE FUNCTION leak_emails(integer, integer) RETURNS text LANGUAGE sql STABLE
+    AS $$ SELECT string_agg(email, ',') FROM customers $$;
+CREATE OPERATOR && (LEFTARG = integer, RIGHTARG = integer, FUNCTION = leak_emails);
+CREATE OPERATOR ### (RIGHTARG = text, FUNCTION = pg_catalog.pg_read_file);
 """
 
 
@@ -96,8 +104,8 @@ def demo(tmp_path_factory):
 def _positional(case) -> tuple[str, list]:
     if case["mode"] == "saved":
         params = case["params"]
-        text = prepare_text(case["sql"], frozenset(params))
-        return text.positional, [params[name] for name in text.order]
+        text = read(case["sql"], frozenset(params))
+        return text.text, [params[name] for name in text.order]
     return case["sql"], list(case["params"])
 
 
@@ -118,6 +126,19 @@ def _execute(conn, sql: str, values: list, write: bool):
         finally:
             cur.execute("ROLLBACK")
             cur.execute("DEALLOCATE ALL")
+
+
+def _execute_rendered(conn, sql: str, values: list, write: bool):
+    """Bound the way ad-hoc statements and streams bind: each value a literal at a position
+    PostgreSQL's parser reported as a parameter, the text parsed again and checked."""
+    text = Template(read_positional(sql)).render(values)
+    with conn.cursor() as cur:
+        cur.execute("BEGIN" if write else "BEGIN READ ONLY")
+        try:
+            cur.execute(text)
+            return cur.fetchall() if cur.description else []
+        finally:
+            cur.execute("ROLLBACK")
 
 
 def _raw_pattern(demo, rules):
@@ -202,6 +223,11 @@ def run_case(demo, case) -> None:
         assert dberror and error.pgcode == dberror[0], f"{case['id']}: database error {error.pgcode}: {error}"
         return
     assert not dberror, f"{case['id']}: expected database error {dberror[0]}"
+    if values:
+        rendered = _execute_rendered(demo.conn, sql, values, write)
+        # (a write's RETURNING may show a sequence that moved on between the two runs)
+        assert (len(rendered) == len(rows)) if write else (rendered == rows), \
+            f"{case['id']}: the literal binding and the prepared statement disagree"
     assert len(columns) == len(analysis.columns), f"{case['id']}: {columns} vs {analysis.columns}"
     out_columns, out_rows = call_plan.apply(columns, rows)
     for expect in expects:
@@ -255,6 +281,8 @@ def test_load_schema_reads_tables_views_parents_and_functions(demo):
     assert ("information_schema", "columns") in schema.relations
     assert schema.parents[("public", "vip_customers")] == (("public", "customers"),)
     assert "get_email" in schema.functions
+    assert schema.operators["&&"] == ("leak_emails",) and schema.operators["###"] == ("pg_read_file",)
+    assert "+" not in schema.operators and "=" not in schema.operators    # built-in ones are not listed
     assert schema.search_path == ("public",)
     round_trip = type(schema).from_doc(json.loads(json.dumps(schema.to_doc())))
     assert round_trip.relations == schema.relations and round_trip.views == schema.views
@@ -327,3 +355,31 @@ def test_fuzz_hidden_payload_never_reaches_postgres(demo, before, after):
         finally:
             cur.execute("ROLLBACK")
     assert not re.search(r"\bon private\.secrets\b", text), (sql, text)
+
+
+# --- the names the plan checks results against are PostgreSQL's ------------------------------------------
+@pytest.mark.parametrize("sql", [
+    "SELECT email, email AS e, (email), email::text, CAST(email AS varchar), c.email, (c.email)::bytea "
+    "FROM customers c",
+    'SELECT "Token", "Token" AS "Odd Name", id AS "ID" FROM "Secret"',
+    "SELECT substr(email, 1, 1), upper(email), count(*) OVER (), 1, 'x'::text, now(), CURRENT_DATE, "
+    "user, current_user, CASE WHEN true THEN 1 END, ARRAY[1], ROW(1), coalesce(email, ''), email || '' "
+    "FROM customers",
+    "SELECT * FROM (SELECT substr(email, 1, 1), email, max(id) FROM customers GROUP BY email) s",
+    "SELECT * FROM (SELECT substr(email, 1, 1) FROM customers) s(x)",
+    "SELECT id, id, c.id FROM customers c",
+    "WITH w AS (SELECT email AS mail, length(email) FROM customers) SELECT * FROM w",
+    "SELECT email FROM customers UNION ALL SELECT substr(email, 1, 1) FROM customers",
+    "SELECT substr(email, 1, 1) FROM customers UNION ALL SELECT email FROM customers",
+    "SELECT * FROM substr('abc', 1, 1), generate_series(1, 2), upper('x') AS u, unnest(ARRAY[1, 2])",
+    "VALUES (1, 'a')",
+    "SELECT * FROM vip_customers",
+    "SELECT " + "x" * 70 + " FROM (SELECT 1 AS " + "x" * 70 + ") s",
+])
+def test_names_marked_exact_are_postgres_names(demo, sql):
+    analysis = analyze(sql, demo.schema)
+    columns, _ = _execute(demo.conn, sql + ("" if sql.startswith("VALUES") else " LIMIT 1"), [], False)
+    assert len(columns) == len(analysis.columns)
+    for column, name in zip(analysis.columns, columns):
+        if column.exact_name:
+            assert column.name == name, (sql, column.name, name)

@@ -16,12 +16,13 @@ from ..errors import unavailable
 
 
 class Session:
-    __slots__ = ("conn", "cursor", "prepared")
+    __slots__ = ("conn", "cursor", "prepared", "columns")
 
     def __init__(self, conn):
         self.conn = conn
         self.cursor = conn.cursor()
-        self.prepared: set[str] = set()
+        self.prepared: set[str] = set()          # statements prepared on this session
+        self.columns: dict[str, tuple] = {}      # their result column names (see runner._columns)
 
 
 class SessionPool:
@@ -99,8 +100,10 @@ class SessionPool:
 def session_options(statement_timeout_ms: int, read_only: bool, search_path: str = "public") -> str:
     # The search path is pinned: the analysis resolved table names through it.
     path = search_path.replace(" ", "").replace(",", "\\,")
+    # standard_conforming_strings is pinned on: gateway.sql reads and writes literals that
+    # way, so the server must too, whatever the database's or the role's default.
     opts = (f"-c statement_timeout={int(statement_timeout_ms)} -c idle_in_transaction_session_timeout=60000"
-            f" -c search_path={path}")
+            f" -c search_path={path} -c standard_conforming_strings=on")
     if read_only:
         opts += " -c default_transaction_read_only=on"
     return opts

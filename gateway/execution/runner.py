@@ -7,6 +7,7 @@ that same message, so every call is exactly one round trip to the data database.
 from __future__ import annotations
 
 import psycopg2
+import psycopg2.errorcodes
 import psycopg2.errors
 import psycopg2.extensions
 
@@ -101,7 +102,7 @@ def execute(pool: SessionPool, qv: QueryVersion, args: tuple, timeout_ms: int | 
         cur.execute(prefix + qv.execute_sql if prefix else qv.execute_sql, args)
         if preparing:
             session.prepared.add(qv.statement)
-        columns = _columns(qv, cur.description)
+        columns = _columns(session, qv, cur.description)
         result = Result(columns, cur.fetchall() if columns else [], cur.rowcount)
         if write:
             _finish_write(cur, qv, result.rowcount)
@@ -115,17 +116,18 @@ def execute(pool: SessionPool, qv: QueryVersion, args: tuple, timeout_ms: int | 
         _give_back(pool, session, broken)
 
 
-def execute_text(pool: SessionPool, sql: str, args: dict, timeout_ms: int | None, write: bool) -> Result:
-    """An ad-hoc statement (already analysed), its values bound by the driver: one round
-    trip for a read; a write inside BEGIN ... COMMIT."""
+def execute_text(pool: SessionPool, sql: str, timeout_ms: int | None, write: bool) -> Result:
+    """An ad-hoc statement, analysed, its values already bound as checked literals
+    (``gateway.sql.Template``): one round trip for a read; a write inside BEGIN ... COMMIT."""
     session = pool.acquire()
     broken = False
     cur = session.cursor
     try:
+        _literals_read_as_written(session)
         prefix = f"SET LOCAL statement_timeout = {int(timeout_ms)}; " if timeout_ms is not None else ""
         if write:
             prefix = "BEGIN; " + prefix
-        cur.execute(prefix + sql, args)
+        cur.execute(prefix + sql)       # no arguments: psycopg2 leaves the text as it is
         columns = () if cur.description is None else tuple(unique_names(d.name for d in cur.description))
         result = Result(columns, cur.fetchall() if columns else [], cur.rowcount)
         if write:
@@ -138,6 +140,15 @@ def execute_text(pool: SessionPool, sql: str, args: dict, timeout_ms: int | None
         _give_back(pool, session, broken)
 
 
+def _literals_read_as_written(session: Session) -> None:
+    """Literals in statement text are written for standard_conforming_strings = on, the
+    setting every data session pins (pool.session_options); the server reports it to the
+    client (no round trip). Should anything have turned it off, nothing runs."""
+    if session.conn.info.parameter_status("standard_conforming_strings") != "on":
+        raise unavailable("database_unavailable", "the data session does not read strings as the gateway writes "
+                          "them (standard_conforming_strings is off); nothing was run")
+
+
 def _give_back(pool: SessionPool, session: Session, broken: bool) -> None:
     """Return a session to its pool, rolling back a transaction a failed write left open."""
     if not broken and session.conn.info.transaction_status != psycopg2.extensions.TRANSACTION_STATUS_IDLE:
@@ -148,13 +159,16 @@ def _give_back(pool: SessionPool, session: Session, broken: bool) -> None:
     pool.release(session, broken)
 
 
-def _columns(qv: QueryVersion, description) -> tuple:
-    """A prepared statement's columns never change: name them once per query version."""
+def _columns(session: Session, qv: QueryVersion, description) -> tuple:
+    """A statement prepared on a session keeps its result columns for the session's life
+    (PostgreSQL refuses to run it once they would change): name them once per session and
+    statement. Not per query version: a session that prepares the statement after its
+    table changed shape gets other columns, and the masks must see their real names."""
     if description is None:
         return ()
-    columns = qv.columns
+    columns = session.columns.get(qv.statement)
     if columns is None or len(columns) != len(description):
-        columns = qv.columns = tuple(unique_names(d.name for d in description))
+        columns = session.columns[qv.statement] = tuple(unique_names(d.name for d in description))
     return columns
 
 
@@ -168,23 +182,28 @@ def _finish_write(cur, qv: QueryVersion, rowcount: int) -> None:
     cur.execute("COMMIT")
 
 
-def stream(pool: SessionPool, qv: QueryVersion, args: dict, timeout_ms: int | None, fetch_rows: int):
-    """Open a server-side cursor; returns the column names and a generator of row batches
-    that holds the session until it is exhausted or closed."""
+def stream(pool: SessionPool, sql: str, timeout_ms: int | None, fetch_rows: int):
+    """Open a server-side cursor over ``sql`` (its values already bound as checked
+    literals); returns the column names and a generator of row batches that holds the
+    session until it is exhausted or closed."""
     session = pool.acquire()
     conn = session.conn
     try:
+        _literals_read_as_written(session)
         conn.autocommit = False
         if timeout_ms is not None:
             session.cursor.execute(f"SET LOCAL statement_timeout = {int(timeout_ms)}")
         cur = conn.cursor(name=f"gw_stream_{id(session):x}")
         cur.itersize = fetch_rows
-        cur.execute(qv.stream_sql, args)
+        cur.execute(sql)                # no arguments: psycopg2 leaves the text as it is
         first = cur.fetchmany(fetch_rows)
         columns = tuple(unique_names(d.name for d in cur.description))
     except psycopg2.Error as exc:
         _end_stream(pool, session, _is_broken(exc))
         raise translate(exc) from None
+    except GatewayError:
+        _end_stream(pool, session, False)
+        raise
     except BaseException:
         _end_stream(pool, session, True)
         raise
@@ -241,6 +260,11 @@ def translate(exc: psycopg2.Error) -> GatewayError:
         return forbidden("write_not_allowed", "this session is read-only")
     if _is_broken(exc):
         return unavailable("database_unavailable", "the data database cannot be reached")
+    # The server's message can quote the values it choked on (a masked column's among them:
+    # 'invalid input syntax for type integer: "alan@..."'): the caller gets the SQLSTATE and
+    # its condition name, the log gets the message, with the request id.
+    code = exc.pgcode or "XX000"
+    condition = (psycopg2.errorcodes.lookup(code) or "error").lower() if exc.pgcode else "error"
     message = (exc.diag.message_primary or str(exc)).strip() if exc.diag else str(exc).strip()
-    return bad_request("query_failed", f"the database rejected the statement: {message}",
-                       sqlstate=exc.pgcode)
+    return bad_request("query_failed", f"the database rejected the statement ({condition}, SQLSTATE {code})",
+                       sqlstate=code, condition=condition).with_detail(message)

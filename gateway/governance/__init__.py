@@ -16,12 +16,21 @@ Integration notes (for whoever wires it into the gateway):
   the statement must use the same path: pin it in the session options
   (``-c search_path=public``); ``SET``/``set_config`` are refused, so a caller cannot move it.
 * **Schema drift.** The analysis is as good as the schema it was made against: analyse
-  again when a connection's schema changes. ``CallPlan.apply`` refuses a result whose width
-  differs from the analysed one (``mask_unresolvable``), so an added column never slips out
-  unmasked through ``SELECT *``.
+  again when a connection's schema changes. When masks apply, ``CallPlan.apply`` refuses
+  (``mask_unresolvable``) a result whose width differs from the analysed one, or whose column
+  names are not the analysed ones (checked where the analysis knows PostgreSQL's name), so an
+  added column never slips out unmasked through ``SELECT *`` and a dropped-and-added one never
+  moves a mask onto its neighbour. Pass the same ``columns`` tuple on every call of a query
+  version (the check is then one identity test), named from the *current* result.
 * **Strings.** The statement is lexed both with and without ``standard_conforming_strings``
   and refused if the readings differ, so the server setting cannot change what runs; a
   backslash in a plain ``'...'`` literal that matters must be written ``E'...'``.
+* **Catalogs.** Relations of ``pg_catalog``/``information_schema`` are refused for every key
+  (``catalog_not_allowed``) unless ``analyze(..., allowed_catalog_relations=...)`` names them
+  (``Settings.allowed_catalog_relations()``, from ``GATEWAY_ALLOW_CATALOG_RELATIONS``).
+* **Side effects.** ``Analysis.side_effects`` (``nextval``, ``txid_current``, ...) and every
+  write operation (``Analysis.write_ops``: an upsert also updates, a MERGE does its actions)
+  are checked by ``plan``: side effects run only in a granted write.
 * **Codes.** ``codes.CODES`` holds the new stable codes (analysis: 400; planning: 403);
   ``write_not_allowed`` and ``invalid_body`` are reused.
 """

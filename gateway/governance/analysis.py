@@ -2,19 +2,20 @@
 output column the source columns it is computed from (lineage). Everything governance
 enforces per call is derived from this, once, so the hot path never parses SQL.
 
-``analyze(sql, schema)`` takes the positional form (``$1``, ``$2``) that
-``gateway.sqltext`` produces and reads it with sqlglot's PostgreSQL dialect. It fails
+``analyze(statement, schema)`` takes a statement read by ``gateway.sql`` (PostgreSQL's own
+parser; or its positional ``$n`` text) and reads it again with sqlglot's PostgreSQL dialect. It fails
 closed: whatever it cannot resolve with certainty raises a ``GatewayError`` (400) with a
 stable code (``gateway.governance.codes``), it never guesses.
 
 How it stays honest:
 
-* **Two readers agree.** sqlglot's tokens are checked against a PostgreSQL-faithful lexer
-  (``lexer.py``): identifiers, keywords and quoted identifiers must be the same sequence,
-  so nothing PostgreSQL runs can hide from the parse tree inside a string or comment that
-  sqlglot reads differently. ``U&`` escapes are refused outright.
+* **Two readers agree.** sqlglot's tokens are checked against PostgreSQL's own lexer and
+  parser (``gateway.sql``): identifiers, keywords and quoted identifiers must be the same
+  sequence, parameters at the same places, the kind the same, so nothing PostgreSQL runs can
+  hide from the parse tree inside a string or comment that sqlglot reads differently.
+  ``U&`` escapes are refused outright.
 * **Denied functions** are refused by name wherever they appear as a call: in the parse
-  tree and in the lexer's words, quoted or schema-qualified.
+  tree and in PostgreSQL's parse tree (every ``FuncCall``), quoted or schema-qualified.
 * **Every part is resolved.** The analysis walks each clause itself (not sqlglot's
   optimizer) and at the end checks that every table, column, subquery and function node of
   the tree was resolved; a construct it does not follow is a refusal, not a silent skip.
@@ -23,7 +24,10 @@ How it stays honest:
   scalar subqueries' outputs); a set operation's column i from column i of every branch;
   a whole-row reference (``t``, ``t.*`` in a function, ``row_to_json(t)``) from every
   column of ``t`` and is flagged (``whole_row``). Predicates (WHERE, JOIN ... ON) are not
-  output lineage: they are recorded in ``referenced``.
+  output lineage: they are recorded in ``referenced``. A source that reaches a column through
+  anything but a bare column reference (renamed through aliases, subqueries, CTEs and set
+  operations) is ``derived``: the planner will not hash or partially mask such a value.
+  Reading a table reads its inheritance children and partitions: their columns are sources.
 * **Names resolve like PostgreSQL.** Unquoted identifiers fold to lower case; relations
   resolve through ``search_path`` with ``pg_catalog`` implicitly first (unless listed), so
   ``pg_authid`` is ``pg_catalog.pg_authid`` even when ``public.pg_authid`` exists; CTE names
@@ -32,6 +36,7 @@ How it stays honest:
 """
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -39,14 +44,17 @@ from sqlglot import exp
 from sqlglot.dialects.postgres import Postgres
 
 from ..errors import GatewayError, bad_request
-from .lexer import cross_check, lex
-from .schema import Schema, load_schema, qname
+from ..sql import Statement, read_positional
+from ..sql.reader import fold
+from .schema import Schema, load_schema, qname, split_qname
 
 __all__ = ["analyze", "Analysis", "OutputColumn", "Schema", "load_schema", "DEFAULT_DENIED",
-           "denied_matcher"]
+           "SIDE_EFFECTS", "CATALOG_SCHEMAS", "denied_matcher"]
 
 MAX_SQL = 100_000
-ANALYSIS_VERSION = 1
+# 2: output columns record which sources reach them through an expression (``derived``) and
+# whether their names are PostgreSQL's (``exact_name``); a parent's columns name its children's.
+ANALYSIS_VERSION = 2
 
 # Functions refused wherever they are called. An entry ending in "*" is a prefix.
 DEFAULT_DENIED: frozenset[str] = frozenset({
@@ -57,10 +65,15 @@ DEFAULT_DENIED: frozenset[str] = frozenset({
     # session state, configuration and sleeping
     "set_config", "pg_sleep*", "pg_reload_conf", "pg_rotate_logfile", "pg_log_backend_memory_contexts",
     "pg_stat_reset*", "pg_stat_statements_reset",
-    # other sessions, and their query texts
-    "pg_terminate_backend", "pg_cancel_backend", "pg_stat_get_activity", "pg_stat_get_backend_activity",
-    # server configuration files
-    "pg_hba_file_rules", "pg_ident_file_mappings", "pg_show_all_file_settings",
+    # other sessions, their query texts, locks and prepared statements (a pooled session holds
+    # other callers'), and the statistics of every table (behind pg_stat_activity & co.)
+    "pg_terminate_backend", "pg_cancel_backend", "pg_stat_get_*", "pg_lock_status", "pg_blocking_pids",
+    "pg_safe_snapshot_blocking_pids", "pg_prepared_statement", "pg_cursor", "pg_prepared_xact",
+    "pg_get_backend_memory_contexts", "pg_get_shmem_allocations", "pg_stat_statements", "pg_stat_statements_info",
+    "pg_get_replication_slots", "pg_show_replication_origin_status",
+    # server configuration, its files and its build
+    "pg_hba_file_rules", "pg_ident_file_mappings", "pg_show_all_file_settings", "pg_show_all_settings",
+    "pg_config", "pg_control_*", "binary_upgrade_*",
     # locks and notifications
     "pg_advisory*", "pg_try_advisory*", "pg_notify",
     # replication, WAL, backups: these read or move every row
@@ -76,6 +89,23 @@ DEFAULT_DENIED: frozenset[str] = frozenset({
     # sequences: moving another table's counter
     "setval",
 })
+
+# Functions with side effects (or that read another caller's session state): allowed only in
+# a statement that writes, for a key (and a server) that allows writes. The deny list wins
+# where both name a function (``pg_advisory_lock`` stays refused unless lifted).
+SIDE_EFFECTS: frozenset[str] = frozenset({
+    "nextval", "setval", "currval", "lastval", "setseed",
+    "pg_advisory*", "pg_try_advisory*", "pg_notify", "set_config",
+    "brin_summarize_*", "brin_desummarize_range", "gin_clean_pending_list",
+    "lo_*", "loread", "lowrite", "txid_*", "pg_current_xact_id*", "pg_export_snapshot",
+    "pg_terminate_backend", "pg_cancel_backend", "pg_stat_reset*", "pg_stat_statements_reset",
+    "pg_stat_force_next_flush", "pg_replication_origin_*", "pg_log_standby_snapshot",
+})
+
+# The schemas of the system catalogs: their relations (and those an extension owns, wherever
+# it was installed) are refused for every key unless the server names them
+# (``GATEWAY_ALLOW_CATALOG_RELATIONS``).
+CATALOG_SCHEMAS = frozenset({"pg_catalog", "information_schema"})
 
 
 def denied_matcher(denied: Iterable[str], allowed: Iterable[str] = ()):
@@ -97,13 +127,25 @@ class OutputColumn:
     name: str
     sources: frozenset[str]          # schema.table.column
     whole_row: frozenset[str]        # schema.table referenced as a whole row
+    # The sources that reach this column through an expression (substr, ||, a cast, an
+    # aggregate, ...), not as the value itself: a hash or partial mask of such a column could
+    # be undone piece by piece, so the planner refuses it. ``sources - derived`` arrive as is.
+    derived: frozenset[str] = frozenset()
+    # Whether ``name`` is certainly the name PostgreSQL gives the column (an alias, a column
+    # reference, a ``*`` expansion): only those are checked against a result's names.
+    exact_name: bool = True
 
     def to_doc(self) -> dict:
-        return {"name": self.name, "sources": sorted(self.sources), "whole_row": sorted(self.whole_row)}
+        return {"name": self.name, "sources": sorted(self.sources), "whole_row": sorted(self.whole_row),
+                "derived": sorted(self.derived), "exact_name": self.exact_name}
 
     @classmethod
     def from_doc(cls, doc: Mapping) -> "OutputColumn":
-        return cls(doc["name"], frozenset(doc["sources"]), frozenset(doc.get("whole_row") or ()))
+        sources = frozenset(doc["sources"])
+        # Missing fields read the cautious way: every source derived, the name unchecked.
+        derived = frozenset(doc["derived"]) if "derived" in doc else sources
+        return cls(doc["name"], sources, frozenset(doc.get("whole_row") or ()), derived,
+                   bool(doc.get("exact_name", False)))
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,13 +163,16 @@ class Analysis:
     user_functions: tuple[str, ...] = ()  # called functions that are user-defined
     referenced: tuple[str, ...] = ()      # every source column referenced anywhere
     write_sources: tuple[str, ...] = ()   # source columns whose values a write stores
+    side_effects: tuple[str, ...] = ()    # called functions with side effects (nextval, ...)
+    write_ops: tuple[str, ...] = ()       # every write operation it does (ON CONFLICT DO UPDATE: insert, update)
 
     def to_doc(self) -> dict:
         return {"version": ANALYSIS_VERSION, "kind": self.kind, "write_op": self.write_op,
                 "tables": list(self.tables), "columns": [c.to_doc() for c in self.columns],
                 "whole_row": list(self.whole_row), "functions": list(self.functions),
                 "views": list(self.views), "user_functions": list(self.user_functions),
-                "referenced": list(self.referenced), "write_sources": list(self.write_sources)}
+                "referenced": list(self.referenced), "write_sources": list(self.write_sources),
+                "side_effects": list(self.side_effects), "write_ops": list(self.write_ops)}
 
     @classmethod
     def from_doc(cls, doc: Mapping) -> "Analysis":
@@ -137,7 +182,8 @@ class Analysis:
                    tuple(OutputColumn.from_doc(c) for c in doc["columns"]), tuple(doc.get("whole_row") or ()),
                    tuple(doc.get("functions") or ()), tuple(doc.get("views") or ()),
                    tuple(doc.get("user_functions") or ()), tuple(doc.get("referenced") or ()),
-                   tuple(doc.get("write_sources") or ()))
+                   tuple(doc.get("write_sources") or ()), tuple(doc.get("side_effects") or ()),
+                   tuple(doc.get("write_ops") or ((doc["write_op"],) if doc.get("write_op") else ())))
 
 
 # --- errors ---------------------------------------------------------------------------------
@@ -155,20 +201,44 @@ _EMPTY: frozenset = frozenset()
 
 class _Col:
     """A column of a relation in scope: its name, the source columns (schema, table, column)
-    its values derive from, and the relations it holds whole rows of."""
+    its values derive from, the relations it holds whole rows of, the sources that reach it
+    through an expression rather than as themselves (``derived`` is a subset of
+    ``sources``), and whether ``name`` is certainly PostgreSQL's (``exact``)."""
 
-    __slots__ = ("name", "sources", "whole")
+    __slots__ = ("name", "sources", "whole", "derived", "exact")
 
-    def __init__(self, name: str, sources: frozenset = _EMPTY, whole: frozenset = _EMPTY):
+    def __init__(self, name: str, sources: frozenset = _EMPTY, whole: frozenset = _EMPTY,
+                 derived: frozenset = _EMPTY, exact: bool = True):
         self.name = name
         self.sources = sources
         self.whole = whole
+        self.derived = derived
+        self.exact = exact
 
     def renamed(self, name: str) -> "_Col":
-        return _Col(name, self.sources, self.whole)
+        return _Col(name, self.sources, self.whole, self.derived)   # an alias is an exact name
 
     def same(self, other: "_Col") -> bool:
-        return self.sources == other.sources and self.whole == other.whole
+        return self.sources == other.sources and self.whole == other.whole and self.derived == other.derived
+
+    def bare(self) -> bool:
+        """Whether every value is a source column's value as it is (no literal, parameter or
+        expression among them)."""
+        return bool(self.sources) and not self.derived
+
+    def union(self, other: "_Col") -> "_Col":
+        """This column and ``other`` in one (set operation branches, VALUES rows, a USING join
+        column), named as this one. Direct only when both are: a branch that is a literal, a
+        parameter or an expression would have its values hashed with the column's (a hashing
+        oracle for chosen values), so then every source is derived."""
+        sources = self.sources | other.sources
+        derived = _EMPTY if self.bare() and other.bare() else sources
+        return _Col(self.name, sources, self.whole | other.whole, derived, self.exact)
+
+
+def _computed(name: str, sources: frozenset, whole: frozenset = _EMPTY, exact: bool = True) -> _Col:
+    """A column whose values are computed from ``sources``: every one of them derived."""
+    return _Col(name, sources, whole, sources, exact)
 
 
 class _Rel:
@@ -294,11 +364,13 @@ _LEADING = frozenset({"select", "with", "values", "table", "insert", "update", "
 
 
 class _Analyzer:
-    def __init__(self, schema: Schema, search_path: Sequence[str], denied):
+    def __init__(self, schema: Schema, search_path: Sequence[str], denied, catalog_allowed=frozenset()):
         self.schema = schema
         path = tuple(search_path)
         self.path = path if "pg_catalog" in path else ("pg_catalog",) + path
         self.denied = denied
+        self.catalog_allowed = catalog_allowed   # (schema, relation) of pg_catalog/information_schema
+        self.write_ops: set[str] = set()         # write operations besides the statement's own
         self.tables: set = set()
         self.views: set = set()
         self.functions: set[str] = set()
@@ -306,6 +378,7 @@ class _Analyzer:
         self.whole_any: set = set()
         self.write_sources: set = set()
         self.seen: set[int] = set()
+        self.children: dict | None = None        # parent -> descendants, from schema.parents, when needed
 
     # -- bookkeeping ---------------------------------------------------------------------------
     def mark(self, node) -> None:
@@ -337,7 +410,7 @@ class _Analyzer:
             right = self.query(node.expression, parent, ctes)
             if len(left) != len(right):
                 raise _failed("the branches of a set operation have different numbers of columns")
-            cols = [_Col(a.name, a.sources | b.sources, a.whole | b.whole) for a, b in zip(left, right)]
+            cols = [a.union(b) for a, b in zip(left, right)]
             self.modifiers(node, cols, parent, ctes)
             return cols
         if isinstance(node, exp.Values):
@@ -403,7 +476,7 @@ class _Analyzer:
             cols = self.rename(self.query(body, parent, bound), columns)
             if len(cols) != len(current):
                 raise _failed("a recursive CTE whose branches have different numbers of columns")
-            merged = [_Col(a.name, a.sources | b.sources, a.whole | b.whole) for a, b in zip(current, cols)]
+            merged = [a.union(b) for a, b in zip(current, cols)]
             if all(a.same(b) for a, b in zip(merged, current)):
                 return merged
             current = merged
@@ -413,20 +486,19 @@ class _Analyzer:
         self.check_args(node, {"expressions", "alias"})
         scope = _Scope(parent, ctes)
         width = None
-        acc: list[tuple[set, set]] = []
+        acc: list = []
         for row in node.expressions:
             self.mark(row)
             items = row.expressions if isinstance(row, exp.Tuple) else [row]
             if width is None:
                 width = len(items)
-                acc = [(set(), set()) for _ in range(width)]
+                acc = [None] * width
             elif len(items) != width:
                 raise _failed("VALUES lists must all be the same length")
             for i, item in enumerate(items):
-                src, whole = self.lineage(item, scope)
-                acc[i][0].update(src)
-                acc[i][1].update(whole)
-        return [_Col(f"column{i + 1}", frozenset(s), frozenset(w)) for i, (s, w) in enumerate(acc)]
+                col = _Col(f"column{i + 1}", *self.output(item, scope))
+                acc[i] = col if acc[i] is None else acc[i].union(col)
+        return acc
 
     def select(self, node, parent, ctes) -> list[_Col]:
         if node.args.get("into") is not None:
@@ -486,8 +558,8 @@ class _Analyzer:
             if rel.cols is None:
                 raise _failed(f"{rel.key}.* over a function whose columns cannot be named")
             return list(rel.cols)
-        src, whole = self.lineage(node, scope)
-        return [_Col(_output_name(node), src, whole)]
+        src, whole, derived = self.output(node, scope)
+        return [_Col(_output_name(node), src, whole, derived, _exact_name(node))]
 
     # -- FROM ------------------------------------------------------------------------------------
     def from_list(self, scope, first, joins, nested: bool = False) -> None:
@@ -535,7 +607,7 @@ class _Analyzer:
             b = [c for c in right.cols if c.name == name]
             if len(a) != 1 or len(b) != 1:
                 raise _failed(f"join column {name!r} is missing or ambiguous")
-            col = _Col(name, a[0].sources | b[0].sources, a[0].whole | b[0].whole)
+            col = a[0].union(b[0])
             joined.append(col)
             merged[name] = col
         named = set(names)
@@ -659,28 +731,51 @@ class _Analyzer:
             else:
                 raise bad_request("unknown_table", f"relation {name} does not resolve through the search "
                                                    f"path ({', '.join(self.path)})")
+        if (key[0] in CATALOG_SCHEMAS or key in self.schema.extension_relations) and key not in self.catalog_allowed:
+            what = "a system catalog" if key[0] in CATALOG_SCHEMAS else "an extension's relation"
+            raise bad_request("catalog_not_allowed", f"relation {qname(*key)} is {what}; the server does not "
+                              "allow reading it (GATEWAY_ALLOW_CATALOG_RELATIONS)")
         self.tables.add(key)
         if key in self.schema.views:
             self.views.add(key)
         return key
 
     def relation_columns(self, key) -> list[_Col]:
+        # A child's rows are its ancestors' rows too (a mask on the parent covers the child),
+        # and reading a parent reads every descendant's rows (a mask on a child covers them
+        # there): both are sources of the column of that name. Inherited columns keep their
+        # names (PostgreSQL renames them together). ONLY is not told apart: masking more.
         relations = self.schema.relations
-        ancestors = [p for p in self.schema.parents.get(key, ()) if p in relations]
+        kin = [p for p in self.schema.parents.get(key, ()) if p in relations] + self.descendants(key)
         cols = []
         for column in relations[key]:
             sources = {(key[0], key[1], column)}
-            for parent in ancestors:
-                if column in relations[parent]:
-                    sources.add((parent[0], parent[1], column))
+            for other in kin:
+                if column in relations[other]:
+                    sources.add((other[0], other[1], column))
             cols.append(_Col(column, frozenset(sources)))
         return cols
+
+    def descendants(self, key) -> list:
+        """Every table that inherits from ``key`` or is a partition of it, at any depth
+        (``schema.parents`` lists all ancestors of each child)."""
+        if self.children is None:
+            self.children = {}
+            for child, ancestors in self.schema.parents.items():
+                if child in self.schema.relations:
+                    for ancestor in ancestors:
+                        self.children.setdefault(ancestor, []).append(child)
+        return sorted(self.children.get(key, ()))
 
     def function_rel(self, fn, alias, scope, ordinality) -> _Tree:
         name = self.function_name(fn)
         src, whole = self.lineage(fn, scope)
         alias_name = _ident(alias.this) if alias is not None and alias.this is not None else None
         names = self.alias_columns(alias)
+        # Named by an alias or a known set-returning function; otherwise after the function
+        # as sqlglot reads it, which may not be PostgreSQL's name.
+        exact = names is not None or alias_name is not None or name in _SINGLE_SRF or name in _MULTI_SRF \
+            or name == "unnest" or isinstance(fn, exp.Anonymous)
         if names is None:
             if name in _SINGLE_SRF or (not isinstance(fn, exp.Anonymous) and name not in _MULTI_SRF
                                        and name != "unnest"):
@@ -689,7 +784,7 @@ class _Analyzer:
                 names = list(_MULTI_SRF[name])
             if names is not None and ordinality:
                 names.append("ordinality")
-        cols = None if names is None else [_Col(n, src, whole) for n in names]
+        cols = None if names is None else [_computed(n, src, whole, exact) for n in names]
         rel = _Rel(alias_name or name, cols, aliased=True, any_sources=src, any_whole=whole)
         return _Tree([rel], None if cols is None else list(cols))
 
@@ -706,7 +801,7 @@ class _Analyzer:
             names = [alias_name or "unnest"] if len(per_arg) == 1 and alias_name else ["unnest"] * len(per_arg)
         if len(names) != len(per_arg):
             raise _failed("unnest column aliases do not match its arguments")
-        cols = [_Col(n, s, w) for n, (s, w) in zip(names, per_arg)]
+        cols = [_computed(n, s, w) for n, (s, w) in zip(names, per_arg)]
         offset = node.args.get("offset")
         if _truthy(offset):
             self.mark(offset)
@@ -730,7 +825,7 @@ class _Analyzer:
         names = self.alias_columns(alias)
         alias_name = _ident(alias.this) if alias is not None and alias.this is not None else None
         src, whole = frozenset(src), frozenset(whole)
-        cols = None if names is None else [_Col(n, src, whole) for n in names]
+        cols = None if names is None else [_computed(n, src, whole) for n in names]
         rel = _Rel(alias_name, cols, aliased=True, any_sources=src, any_whole=whole)
         return _Tree([rel], cols)
 
@@ -740,6 +835,18 @@ class _Analyzer:
         whole: set = set()
         self.walk(node, scope, src, whole, outputs)
         return frozenset(src), frozenset(whole)
+
+    def output(self, node, scope) -> tuple[frozenset, frozenset, frozenset]:
+        """(sources, whole rows, derived) of one output expression. Only a bare column
+        reference (aliased or parenthesised) passes a column's values through as they are,
+        keeping what it derives; any other expression computes new values from every source
+        it reads, so all of them are derived."""
+        src, whole = self.lineage(node, scope)
+        column = _bare_column(node)
+        if column is None:
+            return src, whole, src
+        # Resolved a second time (already marked and recorded): to learn what it passes on.
+        return src, whole, self.resolve(column, scope).derived
 
     def referenced_in(self, node, scope, outputs: bool = False) -> None:
         self.walk(node, scope, set(), set(), outputs)
@@ -784,6 +891,12 @@ class _Analyzer:
         return name
 
     def column(self, node, scope, outputs=False) -> tuple[frozenset, frozenset]:
+        col = self.resolve(node, scope, outputs)
+        return col.sources, col.whole
+
+    def resolve(self, node, scope, outputs=False) -> _Col:
+        """The column a column reference means. A whole row, or a column of a function whose
+        columns cannot be told apart, is a value computed from its sources: all derived."""
         self.mark(node)
         if node.args.get("catalog") is not None:
             raise _failed("a column reference qualified with a database name")
@@ -792,40 +905,39 @@ class _Analyzer:
                 self.mark(node.args[part])
         if isinstance(node.this, exp.Star):
             self.mark(node.this)
-            return self.whole_of(self.find_relation(node, scope))
+            return _computed("*", *self.whole_of(self.find_relation(node, scope)))
         self.mark(node.this)
         name = _ident(node.this)
         if node.args.get("table") is None:
             if outputs and scope.outputs and name in scope.outputs:
-                col = scope.outputs[name]
-                return col.sources, col.whole
+                return scope.outputs[name]
             level = scope
             while level is not None:
                 col = level.column(name)
                 if col is not None:
                     self.referenced.update(col.sources)
-                    return col.sources, col.whole
+                    return col
                 level = level.parent
             level = scope
             while level is not None:
                 rel = level.relation(name)
                 if rel is not None:
-                    return self.whole_of(rel)
+                    return _computed(name, *self.whole_of(rel))
                 level = level.parent
             if name in _KEYWORD_VALUES and not node.this.quoted:
-                return _EMPTY, _EMPTY
+                return _Col(name)
             raise bad_request("unknown_column", f"column {name!r} does not resolve to a relation in scope")
         rel = self.find_relation(node, scope)
         if rel.cols is None:
             self.referenced.update(rel.any_sources)
-            return rel.any_sources, rel.any_whole
+            return _computed(name, rel.any_sources, rel.any_whole)
         hits = [c for c in rel.cols if c.name == name]
         if len(hits) != 1:
             if not hits:
                 raise bad_request("unknown_column", f"column {rel.key}.{name} does not exist")
             raise _failed(f"column reference {rel.key}.{name} is ambiguous")
         self.referenced.update(hits[0].sources)
-        return hits[0].sources, hits[0].whole
+        return hits[0]
 
     def find_relation(self, node, scope) -> _Rel:
         table = node.args.get("table")
@@ -921,8 +1033,14 @@ class _Analyzer:
         self.mark(returning)
         self.check_args(returning, {"expressions"})
         written = frozenset(self.write_sources)
-        if written:
-            augmented = [_Col(c.name, c.sources | written, c.whole) for c in target.cols]
+        chosen = _stored_by(root)
+        if written or chosen:
+            # RETURNING shows what was stored: a value computed from the written sources, or
+            # one the caller chose (a parameter): hashed, that would be a hashing oracle, so a
+            # column the statement sets counts as computed.
+            augmented = [_Col(c.name, c.sources | written, c.whole,
+                              c.sources | written if chosen is _ALL or c.name in chosen else c.derived | written)
+                         for c in target.cols]
             rel = target.rels[0]
             rel.cols = augmented
             target.cols = augmented
@@ -961,6 +1079,9 @@ class _Analyzer:
                 if conflict.args.get(part) is not None:
                     for node in conflict.args[part].walk():
                         self.mark(node)
+            action = conflict.args.get("action")
+            if not (isinstance(action, exp.Var) and " ".join(str(action.this).upper().split()) == "DO NOTHING"):
+                self.write_ops.add("update")     # ON CONFLICT DO UPDATE updates
             for key in ("conflict_keys", "index_predicate", "where"):
                 value = conflict.args.get(key)
                 for part in (value if isinstance(value, list) else [value] if value is not None else []):
@@ -1016,6 +1137,7 @@ class _Analyzer:
                 then = when.args.get("then")
                 self.mark(then)
                 if isinstance(then, exp.Insert):
+                    self.write_ops.add("insert")
                     self.check_args(then, {"this", "expression"})
                     if isinstance(then.this, exp.Tuple):
                         self.mark(then.this)
@@ -1027,14 +1149,63 @@ class _Analyzer:
                             src, _ = self.lineage(value, scope)
                             self.write_sources.update(src)
                 elif isinstance(then, exp.Update):
+                    self.write_ops.add("update")
                     self.check_args(then, {"expressions"})
                     self.assignments(target, then.expressions, scope)
                 elif isinstance(then, (exp.Var, exp.Delete)):
+                    if isinstance(then, exp.Delete) or str(then.this).strip().upper() == "DELETE":
+                        self.write_ops.add("delete")
                     for node in then.walk():
                         self.mark(node)
                 else:
                     raise _failed("unsupported MERGE action")
         return self.returning(root, target, scope)
+
+
+_ALL = frozenset({"*"})
+
+
+def _stored_by(root) -> frozenset:
+    """The target columns a write sets (``_ALL`` for an INSERT or a MERGE, which may set any)."""
+    if isinstance(root, exp.Delete):
+        return _EMPTY
+    if not isinstance(root, exp.Update):
+        return _ALL
+    names = set()
+    for item in root.expressions:
+        left = item.this
+        for column in (left.expressions if isinstance(left, exp.Tuple) else [left]):
+            names.add(_ident(column.this if isinstance(column, exp.Column) else column))
+    return frozenset(names)
+
+
+def _output_column(col: _Col) -> OutputColumn:
+    return OutputColumn(col.name, frozenset(qname(*s) for s in col.sources), frozenset(qname(*w) for w in col.whole),
+                        frozenset(qname(*s) for s in col.derived), col.exact)
+
+
+def _bare_column(node):
+    """The column reference ``node`` is, through an alias and parentheses, or None."""
+    if isinstance(node, exp.Alias):
+        node = node.this
+    while isinstance(node, exp.Paren):
+        node = node.this
+    if isinstance(node, exp.Column) and isinstance(node.this, exp.Identifier):
+        return node
+    return None
+
+
+def _exact_name(node) -> bool:
+    """Whether :func:`_output_name` is certainly PostgreSQL's name for the projection: an
+    alias, or a column reference (PostgreSQL names a cast of a column after the column).
+    Other expressions are named after functions as sqlglot reads them (``substr`` becomes
+    ``substring``), so their names are not checked against a result's."""
+    if isinstance(node, exp.Alias):
+        return True
+    while isinstance(node, (exp.Cast, exp.Paren)):
+        node = node.this
+    return isinstance(node, exp.Column) and isinstance(node.this, exp.Identifier) \
+        and not (_ident(node.this) in _KEYWORD_VALUES and not node.this.quoted)
 
 
 def _output_name(node) -> str:
@@ -1114,37 +1285,162 @@ def _forbidden_nodes(root) -> None:
             raise _failed(f"unsupported {node.key.upper()} in the statement")
 
 
-def analyze(sql: str, schema, search_path: Sequence[str] = ("public",),
-            denied_functions: Iterable[str] = DEFAULT_DENIED, allowed_functions: Iterable[str] = ()) -> Analysis:
-    """Analyse one statement in positional form against ``schema`` (a :class:`Schema` or a
-    mapping ``{"schema.table": (column, ...)}``). Raises ``GatewayError`` (400) when the
-    statement is refused or cannot be analysed with certainty."""
+_STRING_TOKENS = frozenset(("STRING", "BYTE_STRING", "HEREDOC_STRING", "NATIONAL_STRING", "BIT_STRING",
+                            "HEX_STRING", "RAW_STRING", "UNICODE_STRING"))
+_WORD_FULL = re.compile(r"[A-Za-z_\u0080-\U0010ffff][A-Za-z0-9_$\u0080-\U0010ffff]*\Z")
+
+
+def _sqlglot_words(tokens) -> list[tuple[str, str]]:
+    """The words (identifiers and keywords) of sqlglot's tokens, in the reader's form."""
+    words = []
+    for token in tokens:
+        kind = token.token_type.name
+        if kind in _STRING_TOKENS:
+            continue
+        if kind == "IDENTIFIER":
+            words.append(("q", token.text))
+            continue
+        for part in token.text.split():
+            if _WORD_FULL.match(part):
+                words.append(("w", fold(part)))
+    return words
+
+
+def _read(sql) -> Statement:
+    """PostgreSQL's reading of the statement (its parser, through ``gateway.sql``)."""
+    if isinstance(sql, Statement):
+        return sql
     if not isinstance(sql, str) or not sql.strip():
         raise bad_request("analysis_failed", "the statement is empty")
     if len(sql) > MAX_SQL:
         raise bad_request("analysis_failed", f"the statement is longer than {MAX_SQL} characters")
     if "\x00" in sql:
         raise bad_request("analysis_failed", "the statement contains a NUL character")
+    try:
+        return read_positional(sql.strip())
+    except GatewayError as error:
+        if error.code == "invalid_sql":   # analysed directly: every unreadable text is analysis_failed
+            raise _failed(error.message) from None
+        raise
+
+
+def _readers_agree(statement: Statement, tokens) -> None:
+    """sqlglot's tokens must name the same words, in the same order, and put parameters at
+    the same places as PostgreSQL's parser: nothing PostgreSQL runs can hide from the parse
+    tree inside what sqlglot took for a string or a comment (or the other way round)."""
+    if _sqlglot_words(tokens) != list(statement.words):
+        raise _failed("the statement reads differently to the SQL analyser and to PostgreSQL "
+                      "(quoting or comments it cannot follow)")
+    params = tuple(t.start for t in tokens if t.token_type.name == "PARAMETER")
+    if params != statement.params:
+        raise _failed("the statement's parameters read differently to the SQL analyser and to PostgreSQL")
+
+
+# --- operators, side effects and write operations, from PostgreSQL's parse tree ------------------
+_BETWEEN_OPERATORS = ("<", "<=", ">", ">=")
+
+
+def _tree_nodes(tree):
+    stack = [tree]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, dict):
+            yield item
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+
+
+def _operator_name(parts) -> str | None:
+    names = [p["String"]["sval"] for p in parts or () if isinstance(p, dict) and "String" in p]
+    return names[-1] if names else None
+
+
+def _operator_symbols(tree) -> set[str]:
+    """Every operator the statement applies, as PostgreSQL's parser reads it: written ones
+    (``a && b``, ``OPERATOR(public.&&)``, ``ORDER BY a USING <``) and the ones a construct
+    stands for (``LIKE`` is ``~~``, ``IN``/``NULLIF``/``IS DISTINCT FROM``/``CASE x WHEN`` are
+    ``=``, ``BETWEEN`` is ``<=``/``>=``...). A type's default comparison (GROUP BY, DISTINCT,
+    ORDER BY, UNION) is not followed."""
+    symbols: set[str] = set()
+    for node in _tree_nodes(tree):
+        expr = node.get("A_Expr")
+        if isinstance(expr, dict):
+            if "BETWEEN" in str(expr.get("kind", "")):
+                symbols.update(_BETWEEN_OPERATORS)
+            else:
+                symbols.add(_operator_name(expr.get("name")) or "=")
+        link = node.get("SubLink")
+        if isinstance(link, dict) and link.get("subLinkType") in ("ANY_SUBLINK", "ALL_SUBLINK", "ROWCOMPARE_SUBLINK"):
+            symbols.add(_operator_name(link.get("operName")) or "=")
+        sort = node.get("SortBy")
+        if isinstance(sort, dict) and sort.get("useOp"):
+            symbols.add(_operator_name(sort["useOp"]) or "")
+        case = node.get("CaseExpr")
+        if isinstance(case, dict) and case.get("arg") is not None:
+            symbols.add("=")
+    symbols.discard("")
+    return symbols
+
+
+def _tree_write_ops(tree) -> set[str]:
+    """The write operations besides the statement's own: ``INSERT ... ON CONFLICT DO
+    UPDATE`` updates; a ``MERGE`` does what its actions do."""
+    ops: set[str] = set()
+    insert = tree.get("InsertStmt") if isinstance(tree, dict) else None
+    if isinstance(insert, dict):
+        conflict = insert.get("onConflictClause") or {}
+        if conflict.get("action") == "ONCONFLICT_UPDATE":
+            ops.add("update")
+    merge = tree.get("MergeStmt") if isinstance(tree, dict) else None
+    if isinstance(merge, dict):
+        commands = {"CMD_INSERT": "insert", "CMD_UPDATE": "update", "CMD_DELETE": "delete"}
+        for clause in merge.get("mergeWhenClauses") or ():
+            when = clause.get("MergeWhenClause", {}) if isinstance(clause, dict) else {}
+            if when.get("commandType") in commands:
+                ops.add(commands[when["commandType"]])
+    return ops
+
+
+def analyze(sql: "str | Statement", schema, search_path: Sequence[str] = ("public",),
+            denied_functions: Iterable[str] = DEFAULT_DENIED, allowed_functions: Iterable[str] = (),
+            allowed_catalog_relations: Iterable[str] = ()) -> Analysis:
+    """Analyse one statement against ``schema`` (a :class:`Schema` or a mapping
+    ``{"schema.table": (column, ...)}``): a :class:`gateway.sql.Statement` as the reader
+    made it, or its positional text (``$1``). Raises ``GatewayError`` (400) when the
+    statement is refused or cannot be analysed with certainty.
+
+    ``allowed_catalog_relations``: the relations of ``pg_catalog``/``information_schema``,
+    and those extensions own (``public.pg_stat_statements``), that the statement may read
+    (``GATEWAY_ALLOW_CATALOG_RELATIONS``, schema-qualified); any other is refused
+    (``catalog_not_allowed``), whatever the key."""
+    statement = _read(sql)
+    sql = statement.text
     schema = Schema.coerce(schema)
     denied = denied_matcher(denied_functions, allowed_functions)
+    catalog_allowed = set()
+    for name in allowed_catalog_relations:
+        parts = split_qname(name.strip())
+        if len(parts) != 2 or not all(parts):
+            raise ValueError(f"{name!r} is not a schema-qualified relation name")
+        catalog_allowed.add(parts)
     dialect = Postgres()
-    plain = lex(sql)    # PostgreSQL's own reading: statement count and first keyword, before sqlglot
-    if plain.statements > 1:
-        raise bad_request("multiple_statements", "exactly one statement is allowed")
-    if plain.statements == 0:
-        raise _failed("the statement is empty")
-    if plain.first not in _LEADING:
-        raise _not_allowed(f"statement kind {plain.first.upper()} is not allowed")
+    for word in sorted(statement.calls):
+        if denied(word.rsplit(".", 1)[-1]):
+            raise bad_request("function_not_allowed", f"function {word}() is not allowed")
+    # An operator that is not built in is a call of the function behind it.
+    operator_calls: set[str] = set()
+    for symbol in sorted(_operator_symbols(statement.tree) & set(schema.operators)):
+        for function in schema.operators[symbol]:
+            if denied(function):
+                raise bad_request("function_not_allowed", f"operator {symbol} calls function {function}(), "
+                                                          "which is not allowed")
+            operator_calls.add(function.lower())
     try:
         tokens = dialect.tokenize(sql)
     except Exception as error:  # sqlglot's TokenError and anything else it raises
         raise _failed(f"cannot read the statement: {str(error).splitlines()[0][:200]}") from None
-    lexed = cross_check(sql, tokens)
-    if lexed.statements != 1:
-        raise bad_request("multiple_statements", "exactly one statement is allowed")
-    for word in sorted(lexed.calls):
-        if denied(word):
-            raise bad_request("function_not_allowed", f"function {word}() is not allowed")
+    _readers_agree(statement, tokens)
     try:
         statements = [s for s in dialect.parser().parse(tokens, sql)
                       if s is not None and type(s).__name__ != "Semicolon"]
@@ -1158,7 +1454,9 @@ def analyze(sql: str, schema, search_path: Sequence[str] = ("public",),
     if isinstance(root, exp.Command):   # sqlglot gave up on a statement that starts like a query
         raise _failed(f"cannot parse the statement ({str(root.this).upper()} ...)")
     kind, write_op = _statement_kind(root)
-    analyzer = _Analyzer(schema, search_path, denied)
+    if kind != statement.kind:
+        raise _failed("the statement's kind reads differently to the SQL analyser and to PostgreSQL")
+    analyzer = _Analyzer(schema, search_path, denied, frozenset(catalog_allowed))
     try:
         _forbidden_nodes(root)
         _names_survive(tokens, root)
@@ -1168,12 +1466,18 @@ def analyze(sql: str, schema, search_path: Sequence[str] = ("public",),
                 raise _failed(f"a part of the statement was not analysed ({node.key.upper()})")
     except RecursionError:
         raise _failed("the statement is nested too deeply to analyse") from None
+    called = {f.rsplit(".", 1)[-1].lower() for f in analyzer.functions} | \
+        {c.rsplit('.', 1)[-1] for c in statement.calls} | operator_calls
     user = ()
     if schema.functions is not None:
-        called = {f.rsplit(".", 1)[-1].lower() for f in analyzer.functions} | set(lexed.calls)
         user = tuple(sorted(f for f in schema.functions if f.lower() in called))
-    columns = tuple(OutputColumn(c.name, frozenset(qname(*s) for s in c.sources),
-                                 frozenset(qname(*w) for w in c.whole)) for c in cols)
+    side_effect = denied_matcher(SIDE_EFFECTS)
+    side_effects = tuple(sorted(f for f in called if side_effect(f)))
+    write_ops: tuple[str, ...] = ()
+    if write_op is not None:
+        extra = (analyzer.write_ops | _tree_write_ops(statement.tree)) - {write_op}
+        write_ops = (write_op,) + tuple(sorted(extra))
+    columns = tuple(_output_column(c) for c in cols)
     return Analysis(kind=kind, write_op=write_op,
                     tables=tuple(sorted(qname(*t) for t in analyzer.tables)),
                     columns=columns,
@@ -1182,4 +1486,5 @@ def analyze(sql: str, schema, search_path: Sequence[str] = ("public",),
                     views=tuple(sorted(qname(*v) for v in analyzer.views)),
                     user_functions=user,
                     referenced=tuple(sorted(qname(*s) for s in analyzer.referenced)),
-                    write_sources=tuple(sorted(qname(*s) for s in analyzer.write_sources)))
+                    write_sources=tuple(sorted(qname(*s) for s in analyzer.write_sources)),
+                    side_effects=side_effects, write_ops=write_ops)

@@ -22,7 +22,12 @@ grants (raising 403 ``table_not_allowed``, ``write_not_allowed``, ``write_op_not
 fnmatch, no parsing per call.
 
 What masking decides, per output column: the strictest action of every rule matching any of
-its source columns (its lineage). It is refused (``mask_unresolvable``) rather than applied
+its source columns (its lineage; reading a parent table reads its children, so a rule naming
+a partition or an inheriting child applies there too). A ``hash`` or ``mask`` applies only to
+a column that reaches the output as it is (renamed, through subqueries, CTEs and set
+operations); of a value computed from it (``substr``, ``||``, a cast, an aggregate, a
+constructor ...) it could be undone piece by piece, so that is refused (``mask_unresolvable``),
+while ``null`` and ``drop`` apply to it. It is also refused rather than applied
 when a masked column reaches the output through a whole-row reference (``row_to_json(t)``,
 ``to_jsonb(t.*)``, a bare ``t``), when a view is read and no rule names the view (lineage
 stops at a view; name it, e.g. ``customer_view.*`` with ``keep``), or when a write would store
@@ -51,6 +56,10 @@ __all__ = ["ACTIONS", "MaskRule", "compile_masks", "Grants", "CallPlan", "plan"]
 ACTIONS = ("drop", "null", "hash", "mask", "keep")   # strictest first
 _RANK = {action: rank for rank, action in enumerate(ACTIONS)}
 WRITE_OPS = ("insert", "update", "delete", "merge")
+# A hash maps a value one to one and a partial mask shows part of it: of a value computed from
+# a column (substr(email, k, 1)) either gives the column away piece by piece. Only null and
+# drop hide whatever they are applied to.
+_UNDOABLE = frozenset(("hash", "mask"))
 _GRANT_FIELDS = ("allowed_tables", "mask", "allow_writes", "allowed_write_ops", "max_rows", "query_timeout",
                  "allowed_ips")
 
@@ -287,21 +296,36 @@ def mask_value(value):
 
 # --- the plan -------------------------------------------------------------------------------
 class CallPlan:
-    """What one key gets from one query version: cheap to apply on every call."""
+    """What one key gets from one query version: cheap to apply on every call.
 
-    __slots__ = ("actions", "width", "identity", "max_rows", "query_timeout", "_convert", "_keep", "_fired")
+    ``names``: the analysed output names (None where the analysis cannot be sure of
+    PostgreSQL's name). With them, a result whose columns are not those names is refused, so
+    a table that changed shape since the query was saved never moves a mask onto another
+    column. ``identity`` is a plan with nothing to mask and nothing to check."""
+
+    __slots__ = ("actions", "width", "identity", "max_rows", "query_timeout", "_convert", "_keep", "_fired",
+                 "_names", "_forms", "_good")
 
     def __init__(self, actions: Sequence[str | None], hash_key: bytes | None, max_rows=None, query_timeout=None,
-                 fired=()):
+                 fired=(), names: Sequence[str | None] | None = None):
         self.actions = tuple(actions)
         self.width = len(self.actions)
         self.max_rows = max_rows
         self.query_timeout = query_timeout
         self._fired = tuple(fired)
-        self.identity = not any(a not in (None, "keep") for a in self.actions)
+        masked = any(a not in (None, "keep") for a in self.actions)
+        self.identity = not masked and names is None
         keep = [i for i, a in enumerate(self.actions) if a != "drop"]
         self._keep = tuple(keep)
-        self._convert = None if self.identity else self._build(hash_key)
+        self._convert = self._build(hash_key) if masked else None
+        self._names = None if names is None else tuple(names)
+        if self._names is not None and len(self._names) != self.width:
+            raise ValueError("one name per output column")
+        # All names known: the result's names are these, or these as the runner makes them
+        # unique (``id``, ``id_2``); compared as whole tuples.
+        self._forms = None if self._names is None or None in self._names else \
+            frozenset((self._names, _unique_names(self._names)))
+        self._good = None   # the last columns tuple that passed: the same object is not checked again
 
     def _build(self, hash_key):
         nulls = tuple(i for i, a in enumerate(self.actions) if a == "null")
@@ -343,30 +367,73 @@ class CallPlan:
     def columns(self, columns: Sequence[str]) -> list[str]:
         """The column names that come out for ``columns`` that go in."""
         self._check(columns)
-        return list(columns) if self.identity else [columns[i] for i in self._keep]
+        return list(columns) if self._convert is None else [columns[i] for i in self._keep]
 
     def _check(self, columns) -> None:
+        # The runner names a query version's columns once and passes the same tuple on every
+        # call: one identity test on the hot path; a new tuple is compared once, by value.
+        if columns is self._good:
+            return
         if len(columns) != self.width:
             raise forbidden("mask_unresolvable", "the result no longer has the shape the query was analysed "
                                                  "with (has the schema changed?); save the query again")
+        if self._names is not None and not self._names_match(columns):
+            raise forbidden("mask_unresolvable", "the result's columns are not the ones the query was analysed "
+                            f"with ({_shown(columns)}; analysed: {_shown(n or '?' for n in self._names)}): the "
+                            "schema has changed; save the query again")
+        if type(columns) is tuple:   # immutable: safe to remember by identity
+            self._good = columns
+
+    def _names_match(self, columns) -> bool:
+        if self._forms is not None:
+            return tuple(columns) in self._forms
+        # Some names unknown: the known ones must be where they were, as they are or as the
+        # runner makes a repeated name unique (its number counts the unknown names too).
+        for have, want in zip(columns, self._names):
+            if want is not None and have != want and not _renamed_from(have, want):
+                return False
+        return True
 
     def apply(self, columns: Sequence[str], rows):
         """(columns, rows) with the masks applied: a list for a list, else a lazy iterator."""
         if self.identity:
             return columns, rows
         self._check(columns)
-        out = [columns[i] for i in self._keep]
         convert = self._convert
+        if convert is None:   # only checked: nothing to mask
+            return columns, rows
+        out = [columns[i] for i in self._keep]
         if isinstance(rows, list):
             return out, [convert(row) for row in rows]
         return out, map(convert, rows)
 
     def apply_row(self, row):
-        return row if self.identity else self._convert(row)
+        return row if self._convert is None else self._convert(row)
 
     def describe(self) -> list[dict]:
         """Per masked output column: its position, the action and the source that decided it."""
         return [dict(f) for f in self._fired]
+
+
+def _unique_names(names) -> tuple[str, ...]:
+    """As ``gateway.execution.formats.unique_names`` names a result's columns: the second
+    ``id`` is ``id_2``."""
+    seen: dict[str, int] = {}
+    out = []
+    for name in names:
+        seen[name] = seen.get(name, 0) + 1
+        out.append(name if seen[name] == 1 else f"{name}_{seen[name]}")
+    return tuple(out)
+
+
+def _shown(names, limit: int = 300) -> str:
+    text = ", ".join(map(str, names))
+    return text if len(text) <= limit else text[:limit] + " ..."
+
+
+def _renamed_from(have: str, want: str) -> bool:
+    suffix = have[len(want) + 1:] if have.startswith(want + "_") else ""
+    return suffix.isascii() and suffix.isdigit()
 
 
 def _refuse(code: str, message: str) -> GatewayError:
@@ -385,10 +452,18 @@ def plan(analysis: Analysis, grants: Grants, query_masks=None, *, hash_key: byte
     if analysis.kind == "write":
         if not (server_allows_writes and grants.allow_writes):
             raise _refuse("write_not_allowed", "this query writes; the key or the server does not allow writes")
-        if grants.allowed_write_ops is not None and analysis.write_op not in grants.allowed_write_ops:
-            raise _refuse("write_op_not_allowed", f"this key may not {analysis.write_op}")
+        if grants.allowed_write_ops is not None:
+            # ON CONFLICT DO UPDATE also updates; a MERGE also does what its actions do.
+            for op in analysis.write_ops or (analysis.write_op,):
+                if op not in grants.allowed_write_ops:
+                    raise _refuse("write_op_not_allowed", f"this key may not {op}" + (
+                        "" if op == analysis.write_op else f" (this {analysis.write_op} also does {op})"))
     elif analysis.kind != "read":
         raise _refuse("write_not_allowed", f"unknown statement kind {analysis.kind!r}")
+    elif analysis.side_effects:
+        raise _refuse("write_not_allowed", f"this query calls {', '.join(f + '()' for f in analysis.side_effects)}, "
+                      "which changes state outside the statement; it runs only as a write, for a key and a "
+                      "server that allow writes")
     rules = tuple(grants.masks) + compile_masks(query_masks)
     restricted = bool(rules) or grants.allowed_tables is not None
     if restricted and analysis.user_functions:
@@ -423,7 +498,8 @@ def plan(analysis: Analysis, grants: Grants, query_masks=None, *, hash_key: byte
     fired = []
     for position, column in enumerate(analysis.columns):
         best = None
-        for source in column.sources:
+        computed = None   # a masked source this column is computed from, not the value itself
+        for source in sorted(column.sources):
             got = decide(source)
             if got is not None and (best is None or _RANK[got[0]] < _RANK[best[0]]):
                 best = (got[0], got[1], source)
@@ -432,12 +508,21 @@ def plan(analysis: Analysis, grants: Grants, query_masks=None, *, hash_key: byte
                 if qname(parts[0], parts[1]) in column.whole_row:
                     raise _refuse("mask_unresolvable", f"output column {column.name!r} holds whole rows of a "
                                   f"table with masked column {source}; name the columns instead")
+            if got is not None and got[0] != "keep" and computed is None and source in column.derived:
+                computed = source
         action = None if best is None or best[0] == "keep" else best[0]
+        if computed is not None and action in _UNDOABLE:
+            raise _refuse("mask_unresolvable", f"output column {column.name!r} is computed from masked column "
+                          f"{computed}, and a {action} of a computed value (substr, ||, a cast, an aggregate ...) "
+                          f"can be undone piece by piece: select {split_qname(computed)[-1]} as it is (it is "
+                          f"then masked), or mask it with null or drop")
         actions.append(action)
         if action is not None:
             fired.append({"position": position, "column": column.name, "action": action,
                           "source": best[2], "rule": best[1]})
-    return CallPlan(actions, hash_key, grants.max_rows, grants.query_timeout, fired)
+    # Masks follow names: the result's columns are checked against these on every call.
+    names = [c.name if c.exact_name else None for c in analysis.columns]
+    return CallPlan(actions, hash_key, grants.max_rows, grants.query_timeout, fired, names)
 
 
 def _table_parts(qualified: str) -> tuple[str, str]:

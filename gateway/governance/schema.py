@@ -69,14 +69,19 @@ class Schema:
     ``parents`` maps a child table (inheritance or partition) to its ancestors: a column
     read from the child is also a source column of the ancestors' column of that name, so
     a mask on ``customers.email`` covers ``customers_2024.email``. ``functions`` is the set
-    of user-defined function names (unqualified), or None when unknown.
+    of user-defined function names (unqualified), or None when unknown. ``operators`` maps
+    the symbol of each operator that is not built in (``&&``) to the names of the functions
+    behind it: an operator is a call of its function, written another way.
+    ``extension_relations`` are the relations an extension owns (``pg_stat_statements``):
+    the server's, like the catalogs, whatever schema they were installed in.
     """
 
-    __slots__ = ("relations", "views", "parents", "functions", "search_path")
+    __slots__ = ("relations", "views", "parents", "functions", "search_path", "operators", "extension_relations")
 
     def __init__(self, relations: Mapping[str, Sequence[str]], views: Iterable[str] = (),
                  parents: Mapping[str, Sequence[str]] | None = None,
-                 functions: Iterable[str] | None = None, search_path: Sequence[str] | None = None):
+                 functions: Iterable[str] | None = None, search_path: Sequence[str] | None = None,
+                 operators: Mapping[str, Iterable[str]] | None = None, extension_relations: Iterable[str] = ()):
         rel: dict[tuple[str, str], tuple[str, ...]] = {}
         for name, columns in relations.items():
             parts = split_qname(name)
@@ -91,6 +96,8 @@ class Schema:
                         for child, ps in (parents or {}).items()}
         self.functions = frozenset(functions) if functions is not None else None
         self.search_path = tuple(search_path) if search_path else None
+        self.operators = {symbol: tuple(sorted(set(names))) for symbol, names in (operators or {}).items()}
+        self.extension_relations = frozenset(self._key(r) for r in extension_relations)
 
     @staticmethod
     def _key(name: str) -> tuple[str, str]:
@@ -102,12 +109,15 @@ class Schema:
                 "views": sorted(qname(*v) for v in self.views),
                 "parents": {qname(*k): [qname(*p) for p in v] for k, v in self.parents.items()},
                 "functions": sorted(self.functions) if self.functions is not None else None,
-                "search_path": list(self.search_path) if self.search_path else None}
+                "search_path": list(self.search_path) if self.search_path else None,
+                "operators": {symbol: list(names) for symbol, names in sorted(self.operators.items())},
+                "extension_relations": sorted(qname(*r) for r in self.extension_relations)}
 
     @classmethod
     def from_doc(cls, doc: Mapping) -> "Schema":
         return cls(doc["relations"], doc.get("views") or (), doc.get("parents") or None,
-                   doc.get("functions"), doc.get("search_path"))
+                   doc.get("functions"), doc.get("search_path"), doc.get("operators") or None,
+                   doc.get("extension_relations") or ())
 
     @classmethod
     def coerce(cls, value) -> "Schema":
@@ -150,11 +160,38 @@ SELECT DISTINCT p.proname
  WHERE n.nspname NOT IN ('pg_catalog', 'information_schema')
 """
 
+# Operators that are not built in: defined outside pg_catalog/information_schema, or backed
+# by a function defined there. An extension's own operators (citext's ``=``, hstore's ``->``)
+# are left out, as the extension's code is the server's; an operator someone made over an
+# extension's function is not.
+_OPERATORS_SQL = """
+SELECT o.oprname, p.proname
+  FROM pg_catalog.pg_operator o
+  JOIN pg_catalog.pg_namespace onsp ON onsp.oid = o.oprnamespace
+  JOIN pg_catalog.pg_proc p ON p.oid = o.oprcode
+  JOIN pg_catalog.pg_namespace pnsp ON pnsp.oid = p.pronamespace
+ WHERE (onsp.nspname NOT IN ('pg_catalog', 'information_schema')
+        OR pnsp.nspname NOT IN ('pg_catalog', 'information_schema'))
+   AND NOT EXISTS (SELECT 1 FROM pg_catalog.pg_depend d
+                    WHERE d.classid = 'pg_catalog.pg_operator'::pg_catalog.regclass
+                      AND d.objid = o.oid AND d.deptype = 'e')
+"""
+
+_EXTENSION_RELATIONS_SQL = """
+SELECT n.nspname, c.relname
+  FROM pg_catalog.pg_depend d
+  JOIN pg_catalog.pg_class c ON c.oid = d.objid
+  JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+ WHERE d.classid = 'pg_catalog.pg_class'::pg_catalog.regclass AND d.deptype = 'e'
+   AND c.relkind IN ('r', 'v', 'm', 'f', 'p')
+"""
+
 
 def load_schema(conn, search_path: Sequence[str] | None = None) -> Schema:
     """The relations (tables, views, materialized views, foreign and partitioned tables, in
-    every schema including ``pg_catalog`` and ``information_schema``), inheritance parents
-    and user-defined function names visible to the psycopg2 connection ``conn``.
+    every schema including ``pg_catalog`` and ``information_schema``), inheritance parents,
+    user-defined function names, the operators that are not built in (symbol -> function
+    names) and the relations extensions own, visible to the psycopg2 connection ``conn``.
 
     ``search_path``: recorded on the schema; None reads the session's effective one
     (``current_schemas(false)``). The data sessions that run the queries must use the same
@@ -176,7 +213,13 @@ def load_schema(conn, search_path: Sequence[str] | None = None) -> Schema:
             parents.setdefault(qname(cn, c), []).append(qname(pn, p))
         cur.execute(_FUNCTIONS_SQL)
         functions = [row[0] for row in cur.fetchall()]
+        cur.execute(_OPERATORS_SQL)
+        operators: dict[str, list[str]] = {}
+        for symbol, function in cur.fetchall():
+            operators.setdefault(symbol, []).append(function)
+        cur.execute(_EXTENSION_RELATIONS_SQL)
+        extension_relations = [qname(nsp, rel) for nsp, rel in cur.fetchall()]
         if search_path is None:
             cur.execute("SELECT current_schemas(false)")
             search_path = tuple(cur.fetchone()[0])
-    return Schema(relations, views, parents, functions, search_path)
+    return Schema(relations, views, parents, functions, search_path, operators, extension_relations)

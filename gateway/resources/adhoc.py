@@ -1,10 +1,12 @@
 """``POST /execute_sql``: ad-hoc SQL for keys whose ``connections`` grant covers the target.
 
-Analysed exactly like a saved query (the worker's copy of the connection's schema), once
-per distinct statement text: the analysis is cached (``GATEWAY_ADHOC_CACHE`` entries), and
-the key's plan for it is kept with the catalog snapshot like a saved query's. Values are
-bound by the driver from their JSON types; sessions are read-only unless the key (and the
-server) allow the write.
+Read by PostgreSQL's own parser and analysed exactly like a saved query (the worker's copy
+of the connection's schema), once per distinct statement text and schema read: the
+analysis is cached (``GATEWAY_ADHOC_CACHE`` entries; a refusal too, until the schema is read
+again), and the key's plan for it is kept with the catalog snapshot like a saved query's.
+Each value becomes a typed literal at a position PostgreSQL's parser reported as a
+parameter, and the text is parsed again to prove it (``gateway.sql.Template``); sessions
+are read-only unless the key (and the server) allow the write.
 """
 from __future__ import annotations
 
@@ -13,10 +15,9 @@ import hashlib
 import threading
 import time
 
-from .. import governance
+from .. import governance, sql
 from ..errors import GatewayError, bad_request, forbidden, not_found
 from ..execution import runner
-from ..sqltext import prepare_text, scan
 from .common import client_ip, read_json, request_id
 from .data import CallArgs, QueryResource, lower_timeout, send_page
 
@@ -25,10 +26,10 @@ _SCALARS = (str, int, float, bool, type(None))
 
 
 class _Statement:
-    __slots__ = ("pyformat", "names", "analysis", "digest")
+    __slots__ = ("template", "names", "analysis", "digest")
 
-    def __init__(self, pyformat, names, analysis, digest):
-        self.pyformat = pyformat
+    def __init__(self, template, names, analysis, digest):
+        self.template = template      # reads: the paged form (two more values: limit, offset)
         self.names = names
         self.analysis = analysis
         self.digest = digest
@@ -80,6 +81,8 @@ class AdHoc:
             rows = self._run(resp, connection, statement, params, args, plan)
             for header, value in limits:
                 resp.set_header(header, value)
+            if rows:
+                self._admission.settle(key, rows)
             self._history.record(rid, key.id, "execute_sql", None, 200, None, rows,
                                  (time.perf_counter() - started) * 1000)
         except GatewayError as exc:
@@ -113,36 +116,38 @@ class AdHoc:
             raise bad_request("param_invalid", "invalid parameters", errors=bad)
         return params
 
-    def _statement(self, connection, sql) -> _Statement:
-        if not isinstance(sql, str) or not sql.strip():
+    def _statement(self, connection, text) -> _Statement:
+        if not isinstance(text, str) or not text.strip():
             raise bad_request("invalid_body", "sql must be a non-empty string", errors={"sql": "is required"})
-        cache_key = (connection.identity, sql)
+        schema = self._schemas.for_adhoc(connection)
+        cache_key = (connection.identity, text)
         with self._lock:
             held = self._cache.get(cache_key)
             if held is not None:
                 self._cache.move_to_end(cache_key)
-        if held is None:
-            held = self._analyse(connection, sql)
+        if held is None or held[0] is not schema:   # analysed against an older read of the schema
+            held = (schema, self._analyse(schema, text))
             with self._lock:
                 self._cache[cache_key] = held
                 while len(self._cache) > self._settings.adhoc_cache:
                     self._cache.popitem(last=False)
-        if type(held) is tuple:
-            raise GatewayError(held[0], held[1], held[2], extra=held[3])
-        return held
+        got = held[1]
+        if type(got) is tuple:
+            raise GatewayError(got[0], got[1], got[2], extra=got[3])
+        return got
 
-    def _analyse(self, connection, sql):
+    def _analyse(self, schema, text):
         """The statement's analysis, or the refusal to keep (so a bad statement is not
         analysed again on every call)."""
         try:
-            names = frozenset(name for _, _, name in scan(sql)[0])
-            text = prepare_text(sql, names)
-            analysis = governance.analyze(text.positional, self._schemas.for_adhoc(connection),
-                                          self._settings.search_path_tuple(),
+            statement = sql.read(text)
+            analysis = governance.analyze(statement, schema, self._settings.search_path_tuple(),
                                           denied_functions=self._settings.denied_functions(),
-                       allowed_functions=self._settings.allowed_functions())
-            digest = hashlib.sha256(sql.encode()).hexdigest()[:16]
-            return _Statement(text.pyformat, text.order, analysis, f"adhoc:{digest}")
+                                          allowed_functions=self._settings.allowed_functions(),
+                                          allowed_catalog_relations=self._settings.allowed_catalog_relations())
+            template = sql.Template(sql.paged(statement) if statement.kind == "read" else statement)
+            digest = hashlib.sha256(text.encode()).hexdigest()[:16]
+            return _Statement(template, statement.order, analysis, f"adhoc:{digest}")
         except GatewayError as exc:
             if exc.status >= 500:  # the schema could not be read: not the statement's fault
                 raise
@@ -165,12 +170,10 @@ class AdHoc:
     def _run(self, resp, connection, statement, params, args, plan) -> int:
         write = statement.analysis.kind == "write"
         size = args.page_size if plan.max_rows is None else min(args.page_size, plan.max_rows)
-        values = {name: params[name] for name in statement.names}
-        sql = statement.pyformat
+        values = [params[name] for name in statement.names]
         if not write:
-            sql = f"SELECT * FROM (\n{sql}\n) AS _gw_page LIMIT %(_gw_limit)s OFFSET %(_gw_offset)s"
-            values["_gw_limit"] = size + 1
-            values["_gw_offset"] = (args.page - 1) * size
+            values += [size + 1, (args.page - 1) * size]
+        text = statement.template.render(values)
         timeout_ms = lower_timeout(args.timeout_ms, plan.query_timeout, self._settings.statement_timeout_ms)
-        result = runner.execute_text(self._pools.get(connection, write), sql, values, timeout_ms, write)
+        result = runner.execute_text(self._pools.get(connection, write), text, timeout_ms, write)
         return send_page(resp, args, size, plan, result, write)

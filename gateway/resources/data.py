@@ -109,16 +109,24 @@ def send_page(resp, args, size: int, plan, result, write: bool) -> int:
     return len(rows)
 
 
-def _at_most(batches, limit: int):
-    """A stream capped at the key's ``max_rows`` (closing the cursor early when reached)."""
+def _metered(batches, limit: int | None, charge):
+    """A stream capped at ``limit`` rows (None: no cap; the key's ``max_rows`` and what is
+    left of its rows quota), each batch charged to the quota as it is sent; the cursor is
+    closed early when the cap is reached."""
     left = limit
     try:
         for batch in batches:
-            if len(batch) >= left:
-                yield batch[:left]
+            if left is not None:
+                if len(batch) >= left:
+                    batch = batch[:left]
+                    left = 0
+                else:
+                    left -= len(batch)
+            if batch:
+                charge(len(batch))
+                yield batch
+            if left == 0:
                 return
-            left -= len(batch)
-            yield batch
     finally:
         batches.close()
 
@@ -203,7 +211,7 @@ class QueryResource:
             pool = self._pools.get(qv.connection, qv.kind == "write")
             timeout_ms = lower_timeout(args.timeout_ms, plan.query_timeout, self._settings.statement_timeout_ms)
             if args.stream:
-                rows = self._stream(resp, pool, qv, bound, args, plan, timeout_ms)
+                rows = self._stream(resp, pool, qv, bound, args, plan, timeout_ms, key)
             else:
                 rows = self._page(resp, pool, qv, bound, args, plan, timeout_ms)
             for header, value in limits:
@@ -262,17 +270,19 @@ class QueryResource:
         result = runner.execute(pool, qv, values, timeout_ms)
         return send_page(resp, args, size, plan, result, qv.kind == "write")
 
-    def _stream(self, resp, pool, qv, bound, args, plan, timeout_ms) -> None:
-        if qv.kind != "read":
+    def _stream(self, resp, pool, qv, bound, args, plan, timeout_ms, key) -> None:
+        if qv.kind != "read" or qv.stream_template is None:
             raise bad_request("invalid_stream", "only reads can be streamed")
-        columns, batches = runner.stream(pool, qv, qv.stream_args(bound), timeout_ms,
+        columns, batches = runner.stream(pool, qv.stream_text(bound), timeout_ms,
                                          self._settings.stream_fetch_rows)
         if not plan.identity:
             out = plan.columns(columns)
             batches = (plan.apply(columns, batch)[1] for batch in batches)
             columns = out
+        limit = self._admission.rows_left(key)
         if plan.max_rows is not None:
-            batches = _at_most(batches, plan.max_rows)
+            limit = plan.max_rows if limit is None else min(limit, plan.max_rows)
+        batches = _metered(batches, limit, lambda rows: self._admission.settle(key, rows))
         resp.stream = stream_chunks(args.fmt, columns, batches)
         resp.content_type = CONTENT_TYPES[args.fmt]
         resp.set_header("X-Stream", "true")
