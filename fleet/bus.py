@@ -18,7 +18,7 @@ Protocol (every key shares the ``{fleet}`` hash tag, so it runs on Redis Cluster
 5. The local lease ends no later than the heartbeat Redis holds (it starts before Redis
    receives the heartbeat). A worker whose lease ran out (bus down, thread stuck) stops
    trusting its catalog: each request checks the store's generation first (see
-   ``gateway.state``) until the bus is back. So step 2 may stop waiting for a worker whose
+   ``gateway.model.state``) until the bus is back. So step 2 may stop waiting for a worker whose
    heartbeat expired: that worker is already checking the store.
 6. Every (re)connect does a full reload before the lease is renewed.
 
@@ -33,8 +33,13 @@ import os
 import socket
 import threading
 import time
+from typing import TYPE_CHECKING
 
 import redis
+import redis.client
+
+if TYPE_CHECKING:
+    from gateway.model.state import CatalogHolder
 
 log = logging.getLogger("fleet.bus")
 
@@ -87,7 +92,7 @@ class RedisBus:
     """Both sides of the protocol: ``start`` runs the worker's bus thread, ``announce`` is
     what a management call does after its commit."""
 
-    def __init__(self, url: str, lease_ms: int, ping_ms: int, sync_timeout_ms: int):
+    def __init__(self, url: str, lease_ms: int, ping_ms: int, sync_timeout_ms: int) -> None:
         self._url = url
         self._lease_s = lease_ms / 1000
         self._ping_s = ping_ms / 1000
@@ -96,23 +101,21 @@ class RedisBus:
         self._heartbeat = self._redis.register_script(_HEARTBEAT)
         self._pending = self._redis.register_script(_PENDING)
         self._worker = worker_id()
-        self._holder = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.connected = False
         self.live_workers = 1      # seen on the last heartbeat; admission's fallback share
 
     # --- worker side -------------------------------------------------------------------
-    def start(self, holder) -> None:
-        self._holder = holder
-        self._thread = threading.Thread(target=self._run, name="gateway-bus", daemon=True)
+    def start(self, holder: CatalogHolder) -> None:
+        self._thread = threading.Thread(target=self._run, args=(holder,), name="gateway-bus", daemon=True)
         self._thread.start()
 
-    def _run(self) -> None:
+    def _run(self, holder: CatalogHolder) -> None:
         backoff = 0.05
         while not self._stop.is_set():
             try:
-                self._serve()
+                self._serve(holder)
                 backoff = 0.05
             except (redis.RedisError, OSError) as exc:
                 if self.connected:
@@ -125,8 +128,7 @@ class RedisBus:
                 return
             backoff = min(backoff * 2, 0.5)
 
-    def _serve(self) -> None:
-        holder = self._holder
+    def _serve(self, holder: CatalogHolder) -> None:
         pubsub = client(self._url, timeout_s=max(self._ping_s * 2, 0.5)).pubsub(ignore_subscribe_messages=True)
         try:
             pubsub.subscribe(CHANNEL)
@@ -135,6 +137,7 @@ class RedisBus:
             if not self.connected:
                 log.info("bus: connected, catalog at generation %d", holder.catalog.generation)
             self.connected = True
+            ping_sent: float | None
             ping_sent = last_ping = self._ping(pubsub)
             while not self._stop.is_set():
                 message = pubsub.get_message(timeout=self._ping_s)
@@ -154,7 +157,7 @@ class RedisBus:
                 holder.distrust()
             pubsub.close()
 
-    def _ping(self, pubsub) -> float:
+    def _ping(self, pubsub: redis.client.PubSub) -> float:
         sent = time.monotonic()
         self.live_workers = int(self._heartbeat(keys=[ALIVE], args=[self._worker, int(self._lease_s * 1000)]))
         pubsub.ping()

@@ -9,8 +9,8 @@
     fleet down [--keep-services]
     fleet status
     fleet seed --url URL       create the demo objects through the Management API
-    fleet bench [ARGS]         the benchmark harness: `fleet bench --block oltp --local-pg /tmp/pg`,
-                               `fleet bench scaleout ...` (python -m loadtests.bench, same arguments)
+
+The benchmark harness is not part of the product: from a checkout, `python -m loadtests.bench`.
 """
 from __future__ import annotations
 
@@ -22,13 +22,14 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Sequence
 from pathlib import Path
 
 from gateway.settings import Settings
 
 from . import local
-from .demo import READER, WRITER
-from .seed import WRITER_CONNECTION, Api, seed, update_login
+from .local.demo import READER, WRITER
+from .local.seed import WRITER_CONNECTION, Api, seed, update_login
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -82,7 +83,7 @@ def start_instance(settings: Settings, env: dict, name: str, bind: str) -> int:
         return pid
     log = open(_home(settings) / f"gunicorn-{name}.log", "ab")
     cmd = [sys.executable, "-m", "gunicorn", "-c", str(ROOT / "fleet" / "gunicorn_conf.py"),
-           "--bind", bind, "--pid", str(pid_file), "gateway.app:create_app()"]
+           "--bind", bind, "--pid", str(pid_file), "fleet.app:create_app()"]
     proc = subprocess.Popen(cmd, cwd=ROOT, env={**os.environ, **env, "GATEWAY_INSTANCE": name},
                             stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     return proc.pid
@@ -166,7 +167,7 @@ def _seed_embedded(settings: Settings, base: str, home: Path) -> str:
     """Demo data on the embedded PostgreSQL (a `demo` database beside the store), read by
     the demo connection as the role ``demo_reader``, never as the superuser; the
     demo_writer connection logs in as ``demo_writer``, which may only run the deposit."""
-    from .demo import create_demo_data, create_demo_reader, create_demo_writer
+    from .local.demo import create_demo_data, create_demo_reader, create_demo_writer
 
     dsn = local.demo_database_url(settings)
     create_demo_data(dsn)
@@ -232,11 +233,8 @@ def _print_welcome(result: dict) -> None:
     print("Stop it: .venv/bin/fleet down")
 
 
-def main(argv=None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
-    if argv[:1] == ["bench"]:  # the harness keeps its own arguments (loadtests/bench.py)
-        from loadtests.bench import main as bench_main
-        return bench_main(argv[1:]) or 0
     parser = argparse.ArgumentParser(prog="fleet", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -246,7 +244,6 @@ def main(argv=None) -> int:
     p_down = sub.add_parser("down", help="stop everything")
     p_down.add_argument("--keep-services", action="store_true", help="leave PostgreSQL and Redis running")
     sub.add_parser("status")
-    sub.add_parser("bench", help="the benchmark harness (python -m loadtests.bench, same arguments)")
     p_seed = sub.add_parser("seed", help="create the demo objects through the Management API")
     p_seed.add_argument("--url", required=True)
     p_seed.add_argument("--admin-key", default=os.environ.get("GATEWAY_ADMIN_KEY", ""))

@@ -13,9 +13,14 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any
 
 import orjson
 import redis
+
+if TYPE_CHECKING:
+    from gateway.ports import Run
 
 log = logging.getLogger("fleet.events")
 
@@ -24,7 +29,7 @@ POLL_MS = 1000  # a reader's longest XREAD: how soon a stream ends once its work
 
 
 class RedisEvents:
-    def __init__(self, url: str, maxlen: int, max_readers: int, worker: str):
+    def __init__(self, url: str, maxlen: int, max_readers: int, worker: str) -> None:
         self._url = url
         self._redis = redis.Redis.from_url(url, socket_timeout=1, socket_connect_timeout=1)
         self._maxlen = maxlen
@@ -33,10 +38,10 @@ class RedisEvents:
         self._failing = False
         # Set by fleet/gunicorn_conf.py: a draining worker ends its streams (the clients
         # resume elsewhere with Last-Event-ID) instead of holding its exit for the graceful timeout.
-        self.draining = lambda: False
+        self.draining: Callable[[], bool] = lambda: False
 
     # --- writers ------------------------------------------------------------------------
-    def __call__(self, batch) -> None:
+    def __call__(self, batch: Sequence[Run]) -> None:
         """A history observer: the batch's runs as one entry, one command."""
         runs = b"\n".join(orjson.dumps(
             {"at": at, "request_id": rid, "key_id": key_id, "query": query, "version": version,
@@ -61,7 +66,7 @@ class RedisEvents:
     def acquire_reader(self) -> bool:
         return self._readers.acquire(blocking=False)
 
-    def read(self, last_id: str, block_ms: int = 15000):
+    def read(self, last_id: str, block_ms: int = 15000) -> Iterator[bytes]:
         """Yield SSE frames from after ``last_id`` ('$': only new ones) until the worker
         drains; a comment line every ``block_ms`` keeps proxies from closing an idle stream."""
         conn = redis.Redis.from_url(self._url, socket_timeout=block_ms / 1000 + 5, socket_connect_timeout=2)
@@ -74,7 +79,9 @@ class RedisEvents:
             conn.close()
             self._readers.release()
 
-    def _frames(self, conn, last_id: str, block_ms: int):
+    def _frames(self, conn: Any, last_id: str, block_ms: int) -> Iterator[bytes]:
+        # conn: a redis.Redis answering bytes; Any because redis-py types every reply as a
+        # union of bytes, str, int and None, whatever the connection decodes.
         if last_id == "$":  # pin "now" once, so nothing between two reads is missed
             newest = conn.xrevrange(STREAM, count=1)
             last_id = newest[0][0].decode() if newest else "0-0"
@@ -89,7 +96,7 @@ class RedisEvents:
                     yield b": keep-alive\n\n"
                 continue
             idle_ms = 0
-            frames = []
+            frames: list[bytes] = []
             for entry_id, fields in entries[0][1]:
                 last_id = entry_id.decode()
                 if fields[b"type"] == b"runs":

@@ -1,6 +1,6 @@
 """gunicorn configuration: one worker per core, each pinned to its own core.
 
-    gunicorn -c fleet/gunicorn_conf.py 'gateway.app:create_app()'
+    gunicorn -c fleet/gunicorn_conf.py 'fleet.app:create_app()'
 
 Everything comes from ``GATEWAY_*`` settings; a ``--bind`` on the command line wins.
 With no ``GATEWAY_DATABASE_URL`` / ``GATEWAY_REDIS_URL`` the embedded default (a local
@@ -12,9 +12,16 @@ idle keep-alive connections in a poller and hands only ready requests to its thr
 a worker holds hundreds of connections with a handful of threads, and it needs no extra
 dependency (docs/bench/ has the measurement against sync).
 """
+from __future__ import annotations
+
 import os
 import shutil
 import sys
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from gunicorn.arbiter import Arbiter
+    from gunicorn.workers.base import Worker
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -54,7 +61,7 @@ proc_name = f"gateway-fleet{'-' + _settings.instance if _settings.instance else 
 _CPUS = _settings.usable_cpus()
 
 
-def pre_fork(server, worker):
+def pre_fork(server: Arbiter, worker: Worker) -> None:
     """In the master: give the new worker the first of the cores holding the fewest live
     workers, so a respawned worker takes the core its predecessor left (also with more
     workers than cores)."""
@@ -69,14 +76,14 @@ def pre_fork(server, worker):
     worker.gw_cpu = min(_CPUS, key=load.__getitem__)
 
 
-def post_fork(server, worker):
+def post_fork(server: Arbiter, worker: Worker) -> None:
     cpu = getattr(worker, "gw_cpu", None)
     if cpu is not None:
         os.sched_setaffinity(0, {cpu})
         server.log.info("worker %s pinned to cpu %s", worker.pid, cpu)
 
 
-def post_worker_init(worker):
+def post_worker_init(worker: Worker) -> None:
     """/ready answers 503 from the moment this worker starts draining (SIGTERM, reload), and
     its /events streams end (else each would hold the worker until the graceful timeout)."""
     parts = getattr(worker.wsgi, "parts", None)
@@ -86,13 +93,13 @@ def post_worker_init(worker):
             parts.events.draining = parts.ready.draining
 
 
-def child_exit(server, worker):
+def child_exit(server: Arbiter, worker: Worker) -> None:
     from prometheus_client import multiprocess
 
     multiprocess.mark_process_dead(worker.pid)
 
 
-def worker_exit(server, worker):
+def worker_exit(server: Arbiter, worker: Worker) -> None:
     parts = getattr(getattr(worker, "wsgi", None), "parts", None)
     if parts is not None:
         parts.close()

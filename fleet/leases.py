@@ -41,12 +41,18 @@ import logging
 import math
 import threading
 import time
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING
 
 import redis
 
-from gateway.admission import quota_exceeded, rate_limited
 from gateway.errors import GatewayError
-from gateway.limits import Quota, Rate, quota_window
+from gateway.model.limits import Quota, Rate, quota_window
+from gateway.ports import Clock, Headers, quota_exceeded, rate_limited
+
+if TYPE_CHECKING:
+    from gateway.model.catalog import ApiKey
+    from gateway.settings import Settings
 
 log = logging.getLogger("fleet.leases")
 
@@ -101,7 +107,7 @@ class _Lease:
     __slots__ = ("bucket", "rate", "lock", "tokens", "expires", "want", "empty_until", "shared", "reset_s",
                  "rows_pending", "rows_used", "local_tokens", "local_ts", "period_end")
 
-    def __init__(self, bucket: str):
+    def __init__(self, bucket: str) -> None:
         self.bucket = bucket       # the Redis key of the shared bucket
         self.rate: Rate | None = None
         self.lock = threading.Lock()
@@ -113,14 +119,14 @@ class _Lease:
         self.reset_s = 0           # for X-RateLimit-Reset
         self.rows_pending = 0      # rows returned, not yet added in Redis
         self.rows_used = 0         # rows in Redis at the last lease
-        self.local_tokens = None   # fallback bucket while Redis is unreachable
+        self.local_tokens: float | None = None   # fallback bucket while Redis is unreachable
         self.local_ts = 0.0
         self.period_end = 0
 
 
 class LeasedAdmission:
-    def __init__(self, redis_url: str, settings, workers_hint=lambda: 1, clock=time.monotonic,
-                 wall=time.time):
+    def __init__(self, redis_url: str, settings: Settings, workers_hint: Callable[[], int] = lambda: 1,
+                 clock: Clock = time.monotonic, wall: Clock = time.time) -> None:
         self._redis = redis.Redis.from_url(redis_url, socket_timeout=settings.redis_timeout_ms / 1000,
                                            socket_connect_timeout=settings.redis_timeout_ms / 1000)
         self._take_tokens = self._redis.register_script(_TAKE_TOKENS)
@@ -133,8 +139,8 @@ class LeasedAdmission:
         self._workers_hint = workers_hint
         self._clock = clock
         self._wall = wall
-        self._leases: dict = {}
-        self._windows: dict = {}
+        self._leases: dict[str, _Lease] = {}
+        self._windows: dict[str, tuple[str, int]] = {}
         self._leases_lock = threading.Lock()
         self._down_until = 0.0
         self.fallbacks = 0          # calls admitted or refused by the local fallback
@@ -144,24 +150,24 @@ class LeasedAdmission:
         self._flusher.start()
 
     # --- the data plane's interface ---------------------------------------------------
-    def admit_ip(self, ip: str) -> tuple:
+    def admit_ip(self, ip: str) -> Headers:
         rate = self._ip_rate
         if rate is None:
             return ()
         return self._spend_rate(self._lease(f"gw:{{rl:ip:{ip}}}"), rate, "this client")
 
-    def admit_key(self, key) -> tuple:
+    def admit_key(self, key: ApiKey) -> Headers:
         rate, quota = key.rate, key.quota
         if rate is None and quota is None:
             return ()
-        headers = ()
+        headers: Headers = ()
         if rate is not None:
             headers = self._spend_rate(self._lease(f"gw:{{rl:key:{key.id}}}"), rate, "this key")
         if quota is not None:
             headers += self._spend_quota(key, quota, headers)
         return headers
 
-    def settle(self, key, rows: int) -> None:
+    def settle(self, key: ApiKey, rows: int) -> None:
         quota = key.quota
         if quota is None or quota.rows is None or not rows:
             return
@@ -169,7 +175,7 @@ class LeasedAdmission:
         with lease.lock:
             lease.rows_pending += rows
 
-    def rows_left(self, key) -> int | None:
+    def rows_left(self, key: ApiKey) -> int | None:
         quota = key.quota
         if quota is None or quota.rows is None:
             return None
@@ -185,7 +191,7 @@ class LeasedAdmission:
                 lease = self._leases.setdefault(bucket, _Lease(bucket))
         return lease
 
-    def _spend_rate(self, lease: _Lease, rate: Rate, who: str) -> tuple:
+    def _spend_rate(self, lease: _Lease, rate: Rate, who: str) -> Headers:
         with lease.lock:
             now = self._clock()   # read under the lock: a wait for it must not stretch a lease
             lease.rate = rate
@@ -221,7 +227,7 @@ class LeasedAdmission:
             lease.want = min(self._lease_max, lease.want * 2)
 
     @staticmethod
-    def _rate_headers(lease: _Lease, rate: Rate) -> tuple:
+    def _rate_headers(lease: _Lease, rate: Rate) -> Headers:
         return (("X-RateLimit-Limit", str(rate.limit)),
                 ("X-RateLimit-Remaining", str(int(lease.shared) + max(lease.tokens, 0))),
                 ("X-RateLimit-Reset", str(lease.reset_s)))
@@ -234,13 +240,13 @@ class LeasedAdmission:
             window = self._windows[per] = quota_window(per, self._wall())
         return window
 
-    def _quota_lease(self, key, quota: Quota) -> _Lease:
+    def _quota_lease(self, key: ApiKey, quota: Quota) -> _Lease:
         period, end = self._window(quota.per)
         lease = self._lease(f"gw:{{q:{key.id}}}:{period}")
         lease.period_end = end
         return lease
 
-    def _spend_quota(self, key, quota: Quota, rate_headers: tuple) -> tuple:
+    def _spend_quota(self, key: ApiKey, quota: Quota, rate_headers: Headers) -> Headers:
         lease = self._quota_lease(key, quota)
         reset_s = max(1, int(lease.period_end - self._wall()))
         with lease.lock:
@@ -255,7 +261,7 @@ class LeasedAdmission:
             if now < lease.empty_until:
                 raise quota_exceeded("calls", reset_s, rate_headers + self._quota_headers(lease, quota, reset_s))
             if now < self._down_until:
-                return self._local_quota(lease, quota, reset_s, now)
+                return self._local_quota(lease, quota.calls, reset_s, now)
             self._grow_or_shrink(lease, now)
             back, lease.tokens = lease.tokens, 0
             rows, lease.rows_pending = lease.rows_pending, 0
@@ -265,7 +271,7 @@ class LeasedAdmission:
             except redis.RedisError as exc:
                 lease.rows_pending += rows
                 self._redis_down(exc)
-                return self._local_quota(lease, quota, reset_s, now)
+                return self._local_quota(lease, quota.calls, reset_s, now)
             self.redis_calls += 1
             lease.shared, lease.rows_used = used, rows_used
             if grant <= 0:
@@ -277,8 +283,8 @@ class LeasedAdmission:
             return self._quota_headers(lease, quota, reset_s)
 
     @staticmethod
-    def _quota_headers(lease: _Lease, quota: Quota, reset_s: int) -> tuple:
-        headers = (("X-Quota-Reset", str(reset_s)),)
+    def _quota_headers(lease: _Lease, quota: Quota, reset_s: int) -> Headers:
+        headers: Headers = (("X-Quota-Reset", str(reset_s)),)
         if quota.calls is not None:
             left = quota.calls - int(lease.shared) + max(lease.tokens, 0)
             headers += (("X-Quota-Remaining-Calls", str(max(left, 0))),)
@@ -287,7 +293,7 @@ class LeasedAdmission:
         return headers
 
     # --- Redis unreachable ------------------------------------------------------------
-    def _redis_down(self, exc) -> None:
+    def _redis_down(self, exc: Exception) -> None:
         # Drop the idle pooled connections: after a restart each stale socket would otherwise
         # fail once more and push the return to shared state back by another 250 ms. (Not the
         # ones in use: that would fail other threads' calls and feed the outage itself.)
@@ -315,26 +321,27 @@ class LeasedAdmission:
             return 0.0
         return (1 - lease.local_tokens) / per_s if per_s > 0 else 3600.0
 
-    def _local_rate(self, lease: _Lease, rate: Rate, now: float, who: str) -> tuple:
+    def _local_rate(self, lease: _Lease, rate: Rate, now: float, who: str) -> Headers:
         self.fallbacks += 1
         if self._closed_on_failure:
             raise self._unavailable()
         wait = self._local_take(lease, rate.per_s, rate.burst, now)
+        left = lease.local_tokens or 0.0   # set by _local_take just above
         share = max(1, self._workers_hint())
         headers = (("X-RateLimit-Limit", str(rate.limit)),
-                   ("X-RateLimit-Remaining", str(int(lease.local_tokens))),
-                   ("X-RateLimit-Reset", str(math.ceil((max(1.0, rate.burst / share) - lease.local_tokens)
+                   ("X-RateLimit-Remaining", str(int(left))),
+                   ("X-RateLimit-Reset", str(math.ceil((max(1.0, rate.burst / share) - left)
                                                        / (rate.per_s / share)))))
         if wait:
             raise rate_limited(wait, headers, who)
         return headers
 
-    def _local_quota(self, lease: _Lease, quota: Quota, reset_s: int, now: float) -> tuple:
+    def _local_quota(self, lease: _Lease, calls: int, reset_s: int, now: float) -> Headers:
         self.fallbacks += 1
         if self._closed_on_failure:
             raise self._unavailable()
         # The worker's share of what was left when Redis was last seen, spent locally.
-        left = quota.calls - int(lease.shared)
+        left = calls - int(lease.shared)
         if self._local_take(lease, 0.0, left, now):
             raise quota_exceeded("calls", reset_s, ())
         return (("X-Quota-Reset", str(reset_s)),)
@@ -358,6 +365,10 @@ class LeasedAdmission:
                 self._settle_quota(lease, now)
 
     def _settle_quota(self, lease: _Lease, now: float) -> None:
+        # The Redis call is made holding the lease's lock, as _spend_quota's is: released in
+        # between, the rows on their way to Redis would be counted nowhere, and a call in that
+        # gap could pass the rows check with the quota already spent (one round trip per key
+        # and flush, off the request path).
         with lease.lock:
             expired = lease.tokens > 0 and now >= lease.expires
             if not (lease.rows_pending or expired):
@@ -366,20 +377,13 @@ class LeasedAdmission:
                 return
             back = lease.tokens if expired else 0
             rows = lease.rows_pending
-            lease.tokens -= back
-            lease.rows_pending = 0
-        try:
             _, used, rows_used = self._take_calls(keys=[lease.bucket], args=[-1, 0, back, rows, lease.period_end])
-        except redis.RedisError:
-            with lease.lock:
-                lease.rows_pending += rows
-                lease.tokens += back
-            raise
-        with lease.lock:
+            lease.tokens -= back
+            lease.rows_pending -= rows
             lease.shared, lease.rows_used = used, rows_used
 
     # --- management: GET /api/v1/usage/quotas ---------------------------------------------
-    def usage(self, keys) -> list:
+    def usage(self, keys: Iterable[ApiKey]) -> list[dict]:
         items = []
         for key in keys:
             if key.quota is None:

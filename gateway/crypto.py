@@ -47,7 +47,7 @@ class PasswordBox:
 
     __slots__ = ("_aead",)
 
-    def __init__(self, secret_key: str):
+    def __init__(self, secret_key: str) -> None:
         if not secret_key:
             raise ValueError("GATEWAY_SECRET_KEY is required to store connection passwords")
         self._aead = AESGCM(hashlib.sha256(secret_key.encode()).digest())

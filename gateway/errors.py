@@ -5,12 +5,14 @@ for people and may change.
 """
 from __future__ import annotations
 
+from typing import Any
+
 
 class GatewayError(Exception):
     __slots__ = ("status", "code", "message", "extra", "headers", "detail")
 
     def __init__(self, status: int, code: str, message: str, *, extra: dict | None = None,
-                 headers: dict | None = None, detail: str | None = None):
+                 headers: dict | None = None, detail: str | None = None) -> None:
         super().__init__(message)
         self.status = status
         self.code = code
@@ -19,7 +21,7 @@ class GatewayError(Exception):
         self.headers = headers
         self.detail = detail      # for the log only (with the request id), never for the caller
 
-    def with_detail(self, detail: str) -> "GatewayError":
+    def with_detail(self, detail: str) -> GatewayError:
         self.detail = detail
         return self
 
@@ -30,7 +32,7 @@ class GatewayError(Exception):
         return doc
 
 
-def bad_request(code: str, message: str, **extra) -> GatewayError:
+def bad_request(code: str, message: str, **extra: Any) -> GatewayError:
     return GatewayError(400, code, message, extra=extra or None)
 
 
@@ -57,24 +59,33 @@ def unavailable(code: str, message: str, retry_after: int = 1) -> GatewayError:
 # Every stable code, with its status and meaning: the README's error table is generated
 # from this, and a test checks that each code raised anywhere is listed here.
 CODES: dict[str, tuple[int, str]] = {
-    "invalid_body": (400, "The body is not JSON, not an object, or a field is missing, of the wrong type or out of range; `errors` names the fields where it can."),
+    "invalid_body": (400, "The body is not JSON, not an object, or a field is missing, of the wrong type or out of "
+                          "range; `errors` names the fields where it can."),
     "param_invalid": (400, "A query parameter failed validation; `errors` maps each field to its problem."),
     "param_required": (400, "A required query parameter is missing; `errors` names it."),
-    "invalid_paging": (400, "`page` or `page_size` is not a positive integer, or `page_size` is above `GATEWAY_MAX_PAGE_SIZE`."),
+    "invalid_paging": (400, "`page` or `page_size` is not a positive integer, or `page_size` is above "
+                            "`GATEWAY_MAX_PAGE_SIZE`."),
     "invalid_format": (400, "`format` is not one of `json`, `ndjson`, `csv`."),
     "invalid_timeout": (400, "`timeout` is not a positive number of seconds."),
     "invalid_stream": (400, "`stream` is not a boolean, or asks to stream `json` (stream `csv` or `ndjson`)."),
     "invalid_version": (400, "`version` is not a positive integer."),
-    "invalid_filter": (400, "A filter of a management listing (`/api/v1/history`, `/api/v1/audit`) is unknown or malformed."),
+    "invalid_filter": (400, "A filter of a management listing (`/api/v1/history`, `/api/v1/audit`) is unknown or "
+                            "malformed."),
     "invalid_event_id": (400, "`Last-Event-ID` is not a stream id."),
-    "invalid_sql": (400, "The saved SQL cannot be served: it does not parse, has more than one statement, an undeclared placeholder, or a statement kind that is refused."),
-    "query_failed": (400, "The data database rejected the statement (a data error such as a bad cast, a missing table or a constraint). The answer carries the `sqlstate` and its condition name only: the server's own message can echo values (a masked column's among them), so it goes to the log with the request id."),
-    "too_many_rows_affected": (400, "A write touched more rows than its query's `max_affected_rows`; it was rolled back."),
+    "invalid_sql": (400, "The saved SQL cannot be served: it does not parse, has more than one statement, an "
+                         "undeclared placeholder, or a statement kind that is refused."),
+    "query_failed": (400, "The data database rejected the statement (a data error such as a bad cast, a missing table "
+                          "or a constraint). The answer carries the `sqlstate` and its condition name only: the "
+                          "server's own message can echo values (a masked column's among them), so it goes to the log "
+                          "with the request id."),
+    "too_many_rows_affected": (400, "A write touched more rows than its query's `max_affected_rows`; it was rolled "
+                                    "back."),
     "unauthorized": (401, "No API key, an unknown key, or a wrong admin key."),
     "key_expired": (401, "The API key has passed its `expires_at`."),
     "query_not_allowed": (403, "The key is not granted this query."),
     "connection_not_allowed": (403, "The key is not granted the query's connection."),
-    "write_not_allowed": (403, "The query writes, or calls a function with side effects (`nextval`, advisory locks, `txid_current`, ...), and the key or the server does not allow writes."),
+    "write_not_allowed": (403, "The query writes, or calls a function with side effects (`nextval`, advisory locks, "
+                               "`txid_current`, ...), and the key or the server does not allow writes."),
     "query_not_found": (404, "No published query by that name (drafts are not served)."),
     "version_not_found": (404, "The query has no such version, or that version was never published."),
     "connection_not_found": (404, "No connection by that name."),
@@ -84,20 +95,25 @@ CODES: dict[str, tuple[int, str]] = {
     "connection_exists": (409, "A connection by that name already exists."),
     "query_exists": (409, "A query by that name already exists."),
     "key_exists": (409, "An API key by that name already exists."),
+    "concurrent_change": (409, "The query's connection changed three times while the query was being analysed; retry."),
     "connection_in_use": (409, "Saved queries use the connection; delete them or move them first."),
     "payload_too_large": (413, "The body is larger than `GATEWAY_MAX_BODY_BYTES`."),
     "unsupported_media_type": (415, "The body must be `application/json`."),
     "rate_limited": (429, "The client IP's or the key's rate limit is spent; `Retry-After` says when to retry."),
-    "quota_exceeded": (429, "The key's calls or rows quota for this day or month is used up; `Retry-After` says when it resets."),
+    "quota_exceeded": (429, "The key's calls or rows quota for this day or month is used up; `Retry-After` says when "
+                            "it resets."),
     "internal_error": (500, "A bug: reported with its request id, never with internals."),
     "database_unavailable": (503, "The data database cannot be reached; retry after `Retry-After`."),
     "store_unavailable": (503, "The gateway's store cannot be reached; retry after `Retry-After`."),
     "connection_inactive": (503, "The connection is marked inactive."),
-    "admission_unavailable": (503, "Redis is unreachable and `GATEWAY_REDIS_FAILURE=closed`; retry after `Retry-After`."),
+    "admission_unavailable": (503, "Redis is unreachable and `GATEWAY_REDIS_FAILURE=closed`; retry after "
+                                   "`Retry-After`."),
     "events_unavailable": (503, "Live events need Redis, and none is configured."),
     "too_many_streams": (503, "This worker already serves `GATEWAY_EVENTS_MAX_STREAMS` event streams."),
-    "catalog_stale": (503, "This worker lost contact with the fleet's bus and could not reload its catalog; retry after `Retry-After`."),
-    "pool_exhausted": (503, "Every pooled session of this worker stayed busy past the wait limit; retry after `Retry-After`."),
+    "catalog_stale": (503, "This worker lost contact with the fleet's bus and could not reload its catalog; retry "
+                           "after `Retry-After`."),
+    "pool_exhausted": (503, "Every pooled session of this worker stayed busy past the wait limit; retry after "
+                            "`Retry-After`."),
     "query_timeout": (504, "The statement ran past its timeout and was cancelled."),
 }
 

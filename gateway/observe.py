@@ -1,6 +1,6 @@
 """Metrics and logs, kept off the hot path.
 
-Both are derived from the run stream (``gateway.history``): a request thread only appends
+Both are derived from the run stream (``gateway.store.history``): a request thread only appends
 its run to the worker's queue; the history thread hands each batch to the metrics and to
 the access log. So a request never takes a logging lock or a metrics lock.
 
@@ -19,9 +19,14 @@ import os
 import queue
 import random
 import sys
-from datetime import datetime, timezone
+from collections.abc import Callable, Sequence
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, TextIO
 
 import orjson
+
+if TYPE_CHECKING:
+    from .ports import Run
 
 BUCKETS = (0.0005, 0.001, 0.002, 0.004, 0.008, 0.016, 0.032, 0.064, 0.128, 0.256, 0.512, 1.0, 2.0, 5.0, 10.0, 30.0)
 
@@ -30,7 +35,7 @@ class JsonFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         if getattr(record, "preformatted", False):
             return record.getMessage()
-        doc = {"at": datetime.fromtimestamp(record.created, timezone.utc).isoformat(timespec="milliseconds"),
+        doc = {"at": datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds"),
                "level": record.levelname.lower(), "logger": record.name, "msg": record.getMessage(),
                "pid": record.process}
         if record.exc_info:
@@ -38,7 +43,7 @@ class JsonFormatter(logging.Formatter):
         return orjson.dumps(doc).decode()
 
 
-def setup_logging(level: str, stream=None) -> logging.handlers.QueueListener:
+def setup_logging(level: str, stream: TextIO | None = None) -> logging.handlers.QueueListener:
     """Root logging through a queue: callers enqueue, one thread formats and writes."""
     records: queue.SimpleQueue = queue.SimpleQueue()
     output = logging.StreamHandler(stream or sys.stderr)
@@ -57,11 +62,11 @@ def setup_logging(level: str, stream=None) -> logging.handlers.QueueListener:
 class AccessLog:
     """A history observer: one JSON line per sampled run, written as one record per batch."""
 
-    def __init__(self, sample: float, logger: logging.Logger | None = None):
+    def __init__(self, sample: float, logger: logging.Logger | None = None) -> None:
         self._sample = sample
         self._log = logger or logging.getLogger("gateway.access")
 
-    def __call__(self, batch) -> None:
+    def __call__(self, batch: Sequence[Run]) -> None:
         sample = self._sample
         lines = []
         for at, rid, key_id, query, version, status, code, rows, duration_ms, worker in batch:
@@ -77,7 +82,7 @@ class AccessLog:
 class Metrics:
     """Prometheus metrics of one worker; a history observer plus gauges read each flush."""
 
-    def __init__(self, gauges: dict):
+    def __init__(self, gauges: dict[str, Callable[[], int]]) -> None:
         from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
         self.multiprocess = bool(os.environ.get("PROMETHEUS_MULTIPROC_DIR"))
         self.registry = CollectorRegistry()
@@ -103,7 +108,7 @@ class Metrics:
         self._gauges = gauges
         self._last = {"dropped": 0, "fallbacks": 0, "reloads": 0}
 
-    def __call__(self, batch) -> None:
+    def __call__(self, batch: Sequence[Run]) -> None:
         requests, latency, rows_counter = self.requests, self.latency, self.rows
         for _, _, _, query, version, status, code, rows, duration_ms, _ in batch:
             label = query if version is not None else "-"   # unknown names never become labels
@@ -134,23 +139,3 @@ class Metrics:
         registry = CollectorRegistry()
         multiprocess.MultiProcessCollector(registry)
         return generate_latest(registry)
-
-
-class MetricsResource:
-    """``GET /metrics``: Prometheus text format, optionally behind ``GATEWAY_METRICS_TOKEN``."""
-
-    def __init__(self, metrics: Metrics, token: str):
-        self._metrics = metrics
-        self._token = token.encode() if token else None
-
-    def on_get(self, req, resp):
-        if self._token is not None:
-            import hmac
-            scheme, _, given = req.env.get("HTTP_AUTHORIZATION", "").partition(" ")
-            if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), self._token):
-                from .errors import unauthorized
-                raise unauthorized("metrics need Authorization: Bearer <GATEWAY_METRICS_TOKEN>")
-        from prometheus_client import CONTENT_TYPE_LATEST
-        resp.data = self._metrics.exposition()
-        resp.content_type = CONTENT_TYPE_LATEST
-

@@ -8,13 +8,14 @@ Markdown table that the README carries.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field, fields
-from typing import Mapping
+from collections.abc import Mapping
+from dataclasses import Field, dataclass, field, fields
+from typing import Any
 
 PREFIX = "GATEWAY_"
 
 
-def _doc(default, help_text: str, env: str | None = None):
+def _doc(default: Any, help_text: str, env: str | None = None) -> Any:
     return field(default=default, metadata={"help": help_text, "env": env})
 
 
@@ -113,13 +114,13 @@ class Settings:
     access_log_sample: float = _doc(1.0, "Share of calls written to the access log (0 to 1).")
     events: bool = _doc(True, "Live events (`GET /events`): runs and changes of the whole fleet "
                         "through a Redis stream (one command per history batch).")
-    events_maxlen: int = _doc(2000, "Entries kept in the fleet's event stream (one per history batch or change; `/events` resumes "
-                              "from `Last-Event-ID` within them).")
+    events_maxlen: int = _doc(2000, "Entries kept in the fleet's event stream (one per history batch or change; "
+                              "`/events` resumes from `Last-Event-ID` within them).")
     events_max_streams: int = _doc(16, "Concurrent `/events` streams per worker (each holds a thread).")
     metrics_token: str = _doc("", "When set, `GET /metrics` needs `Authorization: Bearer <token>`.")
 
     @classmethod
-    def from_env(cls, environ: Mapping[str, str] | None = None, **overrides) -> "Settings":
+    def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> Settings:
         environ = os.environ if environ is None else environ
         values = {}
         for f in fields(cls):
@@ -139,7 +140,7 @@ class Settings:
             return available
         return parse_cpu_list(self.cpus)
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         if self.redis_failure not in ("open", "closed"):
             raise SystemExit("GATEWAY_REDIS_FAILURE must be 'open' or 'closed'")
         if self.admission not in ("on", "off"):
@@ -188,7 +189,7 @@ def parse_cpu_list(text: str) -> list[int]:
     return cpus
 
 
-def _coerce(f, raw: str):
+def _coerce(f: Field[Any], raw: str) -> Any:
     default = f.default
     try:
         if isinstance(default, bool):

@@ -2,9 +2,13 @@
 
     .venv/bin/python -m loadtests.bench --database-url postgresql://postgres@127.0.0.1:54500/demo \\
         --targets peer,gateway --rounds 5 --duration 10
+    .venv/bin/python -m loadtests.bench --block admission --local-pg /tmp/bench-pg
+    .venv/bin/python -m loadtests.bench scaleout|openloop|oha ...     # blocks with arguments of their own (--help)
 
-Block `oltp` (the only one so far): the saved query `account` (SELECT aid, bid, abalance FROM pgbench_accounts WHERE
-aid = :aid) called as GET /q/account?aid=<random 1..1,000,000> with an X-API-Key, at 32 connections and at 1.
+Blocks (loadtests/blocks/<name>/: run.py, render.py): `oltp` (the default), `admission`, `sync` and `logging` run
+here with the arguments below; `scaleout`, `openloop` and `oha` take their own. Block `oltp`: the saved query
+`account` (SELECT aid, bid, abalance FROM pgbench_accounts WHERE aid = :aid) called as GET
+/q/account?aid=<random 1..1,000,000> with an X-API-Key, at 32 connections and at 1.
 
 The method is QueryAPIGate's own (Performance, v3), so our numbers and theirs mean the same thing:
 - every target is started by the harness, on its own core (taskset), with its store in its own database on the same
@@ -16,8 +20,9 @@ The method is QueryAPIGate's own (Performance, v3), so our numbers and theirs me
 - per run: wrk's requests/s and exact p50/p90/p99/p99.9 (Lua done() hook), every error (a run with any non-2xx or
   socket error is flagged `ok: false` and listed in the report), the CPU seconds of the target's processes (gunicorn
   master + workers, from /proc) and PostgreSQL's, and wrk's own CPU;
-- output: loadtests/results/<block>-<timestamp>/results.jsonl (one line per run, written as it goes), meta.json
-  (machine, versions, settings, targets) and results.md (python -m loadtests.report <dir> regenerates it).
+- output: loadtests/results/<block>-<timestamp>/ (gitignored; --out to change) with results.jsonl (one line per run,
+  written as it goes), meta.json (machine, versions, settings, targets) and results.md (python -m loadtests.report
+  <dir> regenerates it).
 
 Pinning on a 2-core machine: the target on CPU 1; PostgreSQL (postmaster and every child, with `taskset -a -p`, before
 the targets open their pools, so new backends inherit it), wrk and Redis on CPU 0.
@@ -28,260 +33,41 @@ needs oha, which cannot be installed here: this harness doesn't claim it.
 from __future__ import annotations
 
 import argparse
-import json
 import shlex
 import signal
 import sys
-import time
-from datetime import datetime, timezone
 from pathlib import Path
 
-from . import peer, report, system, targets, wrk
+from . import blocks, peer, report, rundir, system, targets, wrk
+from .harness import (
+    WARMUP_CONNECTIONS,
+    Block,
+    collect_versions,
+    ensure_data,
+    log,
+    now_iso,
+    pin_postgres,
+    start_local_pg,
+)
 from .system import REPO
-from .targets import Target, TargetError
+from .targets import TargetError
 
-# admission: loadtests/admission.py; sync: loadtests/sync.py; logging: loadtests/logging_bench.py
-BLOCKS = ('oltp', 'admission', 'sync', 'logging')
-SUBCOMMANDS = {'scaleout': 'scaleout', 'openloop': 'oha.openloop'}  # first argument -> a module with main()
 KNOWN_TARGETS = ('peer', 'gateway')
-STORE_DB = {'peer': 'qagstore', 'gateway': 'gwstore'}
-WARMUP_CONNECTIONS = 8
-NOISY_CORES = 0.10  # CPU of other processes during a run above which the progress line and report point it out
-
-
-def now_iso() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec='seconds')
-
-
-def log(message: str):
-    print(f'[{datetime.now().strftime("%H:%M:%S")}] {message}', flush=True)
-
-
-class Block:
-    """One block's runs, written to results.jsonl as they happen."""
-
-    def __init__(self, name: str, run_dir: Path, args, pg_root: int | None):
-        self.name = name
-        self.run_dir = run_dir
-        self.args = args
-        self.pg_root = pg_root
-        self.results = (run_dir / 'results.jsonl').open('a')
-        self.done = 0
-        self.planned = 0
-        self.started = time.monotonic()
-
-    def close(self):
-        self.results.close()
-
-    def measure(self, target: Target, *, kind: str, connections: int, duration_s: float, health: bool = False,
-                probes=(), **tags) -> dict:
-        """One wrk run. `probes`: extra meters with start() and finish(record) -> dict of fields to add."""
-        if target.process is not None and target.process.poll() is not None:
-            raise TargetError(f'{target.name} has exited ({target.process.returncode}):\n'
-                              + targets.log_tail(target.log_path))
-        cpu_machine = system.MachineMeter()
-        cpu_target = system.CpuMeter(*target.pids)
-        cpu_pg = system.CpuMeter(self.pg_root) if self.pg_root else None
-        env = {'API_KEY': target.api_key, 'QUERY_PATH': target.query_path, 'PARAM': target.param,
-               'MAX_ID': str(self.args.max_id)}
-        started_at = now_iso()
-        wall = time.monotonic()
-        cpu_machine.start()
-        cpu_target.start()
-        if cpu_pg:
-            cpu_pg.start()
-        for probe in probes:
-            probe.start()
-        result = wrk.run(target.url('/health' if health else '/'), connections=connections, duration_s=duration_s,
-                         script=wrk.HEALTH if health else wrk.RANDOM_AID, env=None if health else env,
-                         cpu=self.args.load_cpu, timeout_s=self.args.wrk_timeout)
-        target_cpu = cpu_target.stop()
-        pg_cpu = cpu_pg.stop() if cpu_pg else None
-        machine_cpu = cpu_machine.stop()
-        other_cpu = machine_cpu - (target_cpu or 0) - (pg_cpu or 0) - result.wrk_cpu_s
-        problems = wrk.errors_of(result)
-        record = {
-            'block': self.name, 'kind': kind, **tags, 'target': target.name, 'connections': connections,
-            'path': '/health' if health else target.query_path, **result.to_dict(),
-            'ok': not problems, 'problems': problems,
-            'target_cpu_s': None if target_cpu is None else round(target_cpu, 3),
-            'target_cores': None if target_cpu is None else round(target_cpu / result.duration_s, 3),
-            'cpu_us_per_call': (round(target_cpu / result.requests * 1e6, 1)
-                                if target_cpu is not None and result.requests else None),
-            'pg_cpu_s': None if pg_cpu is None else round(pg_cpu, 3),
-            'machine_cpu_s': round(machine_cpu, 3),
-            'other_cores': round(max(0.0, other_cpu) / result.duration_s, 3),  # everything else on the machine
-            'wrk_text': wrk.parse_text(result.text),  # wrk's own rounded summary, a cross-check of the JSON
-            'started_at': started_at, 'wall_s': round(time.monotonic() - wall, 3),
-        }
-        for probe in probes:
-            record.update(probe.finish(record))
-        self.results.write(json.dumps(record) + '\n')
-        self.results.flush()
-        return record
-
-
-def progress_line(record: dict, prefix: str) -> str:
-    lat = record['latency_us']
-    line = (f'{prefix} {record["target"]} c={record["connections"]}: {record["rps"]:,.0f} req/s, '
-            f'p50 {lat["50"] / 1000:.2f} ms, p99 {lat["99"] / 1000:.2f} ms')
-    if record.get('cpu_us_per_call') is not None:
-        line += f', {record["cpu_us_per_call"]:,.0f} µs CPU/call ({record["target_cores"]:.2f} cores)'
-    if record.get('other_cores', 0) > NOISY_CORES:
-        line += f'  (other processes: {record["other_cores"]:.2f} cores)'
-    if not record['ok']:
-        line += '  ⚠ ' + '; '.join(record['problems'])
-    return line
-
-
-def rotated(items: list, round_index: int) -> list:
-    k = round_index % len(items)
-    return items[k:] + items[:k]
-
-
-# --------------------------------------------------------------------------------------
-# The oltp block
-# --------------------------------------------------------------------------------------
-
-def run_oltp(block: Block, live: list[Target], args):
-    run_rounds(block, live, args)
-
-
-def run_rounds(block: Block, live: list[Target], args, probes: dict | None = None, extra=lambda record: ''):
-    """The method every closed-loop block shares: a warm-up per target, a /health floor,
-    rounds in which every cell (connections x target) runs once in an order rotated each
-    round, and the floor again. ``probes``: per target name, extra meters for each run;
-    ``extra``: more text for the progress line."""
-    probes = probes or {}
-    conns = args.connections
-    runs_total = args.rounds * len(conns) * len(live)
-    per_run = args.duration + 1.0
-    for target in live:
-        if args.warmup > 0:
-            record = block.measure(target, kind='warmup', connections=WARMUP_CONNECTIONS, duration_s=args.warmup,
-                                   **_probes(probes, target))
-            log(progress_line(record, 'warm-up') + extra(record))
-    floor(block, live, 'before', args)
-    done = 0
-    for r in range(args.rounds):
-        order = rotated(live, r)
-        position = 0
-        for c in conns:
-            for target in order:
-                record = block.measure(target, kind='run', round=r + 1, position=position, connections=c,
-                                       duration_s=args.duration, order=[t.name for t in order],
-                                       **_probes(probes, target))
-                position += 1
-                done += 1
-                left = (runs_total - done) * per_run + (len(live) * (args.floor_duration + 1) if args.floor_duration
-                                                        else 0)
-                log(progress_line(record, f'round {r + 1}/{args.rounds}') + extra(record) +
-                    f'  [{done}/{runs_total}, ~{_duration(left)} left]')
-    floor(block, live, 'after', args)
-
-
-def _probes(probes: dict, target: Target) -> dict:
-    return {'probes': probes[target.name]} if target.name in probes else {}
-
-
-def floor(block: Block, live: list[Target], phase: str, args):
-    if args.floor_duration <= 0:
-        return
-    for target in live:
-        record = block.measure(target, kind='floor', phase=phase, connections=args.floor_connections,
-                               duration_s=args.floor_duration, health=True)
-        log(progress_line(record, f'/health floor {phase}:'))
-
-
-def _duration(seconds: float) -> str:
-    seconds = int(seconds)
-    return f'{seconds // 60}m{seconds % 60:02d}s' if seconds >= 60 else f'{seconds}s'
-
-
-# --------------------------------------------------------------------------------------
-# Setup and teardown
-# --------------------------------------------------------------------------------------
-
-def ensure_data(args) -> dict:
-    try:
-        return system.check_demo_table(args.database_url)
-    except RuntimeError as missing:
-        if not args.create_data:
-            raise SystemExit(f'{missing}.\nCreate it (fleet.demo.create_demo_data, or pgbench -i) or pass '
-                             '--create-data to call fleet.demo.create_demo_data(dsn).')
-    try:
-        from fleet.demo import create_demo_data
-    except ImportError as error:
-        raise SystemExit(f'--create-data needs fleet.demo.create_demo_data: {error}')
-    log('creating the demo data (fleet.demo.create_demo_data)')
-    create_demo_data(args.database_url)
-    return system.check_demo_table(args.database_url)
-
-
-def start_targets(args, work_dir: Path, cleanup: list) -> list[Target]:
-    live = []
-    for name in args.targets:
-        store_url = system.dsn_with_db(args.database_url, STORE_DB[name])
-        system.recreate_database(args.database_url, STORE_DB[name], drop=not args.keep_stores)
-        log(f'starting {name} (store {system.redact(store_url)}, CPU {args.target_cpu})')
-        if name == 'peer':
-            extra = {'QUERYAPIGATE_METADATA_CACHE_TTL': str(args.peer_cache_ttl)}
-            target = peer.start(port=args.peer_port, cpu=args.target_cpu, store_url=store_url, run_dir=work_dir,
-                                extra_env=extra)
-            target.info['versions'] = peer.installed()
-        else:
-            redis_url = args.redis_url
-            if not redis_url:
-                process, redis_url = targets.start_redis(port=args.redis_port, cpu=args.pg_cpu, run_dir=work_dir)
-                cleanup.append(process)
-                log(f'started redis-server at {redis_url} (CPU {args.pg_cpu})')
-            target = targets.start_gateway(port=args.gateway_port, cpu=args.target_cpu, store_url=store_url,
-                                           redis_url=redis_url, run_dir=work_dir, root=args.gateway_root)
-            cleanup.append(target.process)
-            targets.wait_healthy(target)
-        if target.process not in cleanup:
-            cleanup.append(target.process)
-        steps = targets.provision(target, args.database_url)
-        target.info['provisioned'] = steps
-        log(f'{name} ready at {target.base_url} (pid {target.pids[0]}): {steps["probe"][:80]}')
-        live.append(target)
-    return live
-
-
-def pin_postgres(args) -> tuple[int | None, str]:
-    pm = system.postmaster_pid(args.database_url)
-    if pm is None:
-        return None, 'PostgreSQL is not a process on this machine (or not visible): not pinned, not measured'
-    if args.pg_cpu in (None, '', 'off'):
-        return pm, f'PostgreSQL (postmaster {pm}) not pinned (--pg-cpu off), CPU measured'
-    pinned = system.pin_tree(pm, args.pg_cpu)
-    return pm, (f'PostgreSQL postmaster {pm} and {len(pinned) - 1} children pinned to CPU {args.pg_cpu} '
-                f'(taskset -a -p; new backends inherit it), now {system.affinity(pm)}')
-
-
-def collect_versions(data: dict) -> dict:
-    return {
-        'harness': system.venv_versions(Path(sys.executable), ['gunicorn', 'falcon', 'psycopg2-binary', 'sqlglot',
-                                                               'orjson', 'redis']),
-        'peer': peer.installed(),
-        'gateway_fleet': system.our_version(),
-        'postgresql': data.get('server_version'),
-        'wrk': system.wrk_version(),
-        'git': system.git_state(),
-    }
 
 
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(prog='python -m loadtests.bench', description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument('--block', choices=BLOCKS, default='oltp')
+    parser.add_argument('--block', choices=blocks.FRAMED, default='oltp',
+                        help='the block (loadtests/blocks/<name>/); scaleout, openloop and oha: `python -m '
+                             'loadtests.bench NAME --help`')
     parser.add_argument('--database-url',
                         help='postgresql:// URL of the data database (demo, with pgbench_accounts); the targets\' '
                              'stores are created on the same server (needs CREATE DATABASE)')
     parser.add_argument('--local-pg', type=Path, metavar='HOME',
                         help='instead of --database-url: a PostgreSQL of fleet.local.LocalPostgres under HOME '
                              '(started if needed, stopped at the end if the harness started it), its demo database '
-                             'filled by fleet.demo.create_demo_data')
+                             'filled by fleet.local.demo.create_demo_data')
     parser.add_argument('--local-pg-port', type=int, default=54510)
     parser.add_argument('--targets', default='peer,gateway',
                         help='comma list of: peer (QueryAPIGate 0.43.0), gateway (ours). Default: both')
@@ -312,14 +98,14 @@ def parse_args(argv=None):
     parser.add_argument('--keep-stores', action='store_true',
                         help='reuse the targets\' store databases instead of recreating them empty')
     parser.add_argument('--create-data', action='store_true',
-                        help='if pgbench_accounts is missing, create it with fleet.demo.create_demo_data')
+                        help='if pgbench_accounts is missing, create it with fleet.local.demo.create_demo_data')
     parser.add_argument('--changes', type=int, default=200,
                         help='sync block: management changes per run (default 200)')
     parser.add_argument('--sync-workers', type=int, default=4, help='sync block: GATEWAY_WORKERS (default 4)')
     parser.add_argument('--sync-pause-ms', type=float, default=10,
                         help='sync block: pause between two changes (default 10 ms)')
-    parser.add_argument('--out', type=Path, default=REPO / 'loadtests' / 'results',
-                        help='folder for <block>-<timestamp>/ (loadtests/results/tmp/ is gitignored)')
+    parser.add_argument('--out', type=Path, default=rundir.RESULTS,
+                        help='folder for <block>-<timestamp>/ (default loadtests/results/, gitignored)')
     args = parser.parse_args(argv)
     if bool(args.database_url) == bool(args.local_pg):
         parser.error('give one of --database-url and --local-pg')
@@ -345,9 +131,8 @@ def parse_args(argv=None):
 
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else list(argv)
-    if argv and argv[0] in SUBCOMMANDS:  # other blocks with their own harness: `python -m loadtests.bench scaleout`
-        import importlib
-        return importlib.import_module(f'.{SUBCOMMANDS[argv[0]]}', __package__).main(argv[1:])
+    if argv and argv[0] in blocks.OWN_CLI:  # blocks with arguments of their own: `python -m loadtests.bench scaleout`
+        return blocks.run(argv[0]).main(argv[1:])
     args = parse_args(argv)
     for tool in ('wrk', 'taskset'):
         if not system.tool_path(tool):
@@ -358,11 +143,7 @@ def main(argv=None):
     if args.block == 'oltp' and 'peer' in args.targets and not peer.GUNICORN.exists():
         raise SystemExit('the peer is not installed: run `.venv/bin/python -m loadtests.peer setup`')
 
-    stamp = datetime.now().strftime('%Y%m%d-%H%M%S')
-    run_dir = args.out / f'{args.block}-{stamp}'
-    run_dir.mkdir(parents=True, exist_ok=False)
-    work_dir = REPO / '.bench' / 'runs' / f'{args.block}-{stamp}'  # logs, homes: gitignored, not results
-    work_dir.mkdir(parents=True, exist_ok=True)
+    run_dir, work_dir = rundir.new(args.out, args.block)  # work_dir: logs, homes (gitignored, not results)
     log(f'block {args.block} -> {run_dir} (target logs in {work_dir})')
 
     local_pg = start_local_pg(args) if args.local_pg else None
@@ -372,19 +153,6 @@ def main(argv=None):
         if local_pg is not None:
             log(f'stopping the local PostgreSQL under {args.local_pg}')
             local_pg.stop()
-
-
-def start_local_pg(args):
-    """fleet.local's PostgreSQL, as the gateway's embedded default runs it; returns it if the harness started it
-    (so it stops it at the end), None if it was already running."""
-    from fleet.local import LocalPostgres
-    pg = LocalPostgres(args.local_pg, args.local_pg_port)
-    was_running = pg.is_running()
-    pg.start()
-    pg.ensure_database('demo')
-    args.database_url = pg.url('demo')
-    args.create_data = True
-    return None if was_running else pg
 
 
 def _main(args, run_dir: Path, work_dir: Path) -> int:
@@ -416,7 +184,7 @@ def _main(args, run_dir: Path, work_dir: Path) -> int:
         'notes': ['wrk is a closed loop: latency against an offered rate (open loop, latency-corrected) needs oha, '
                   'which is not installable here - no such numbers are claimed.'],
     }
-    write_meta(run_dir, meta)
+    rundir.write_meta(run_dir, meta)
 
     def on_term(signum, frame):
         raise KeyboardInterrupt(f'signal {signum}')
@@ -427,17 +195,8 @@ def _main(args, run_dir: Path, work_dir: Path) -> int:
     block = Block(args.block, run_dir, args, pg_root)
     failed = None
     try:
-        if args.block == 'oltp':
-            live = start_targets(args, work_dir, cleanup)
-            meta['targets'] = [t.summary() for t in live]
-            write_meta(run_dir, meta)
-            run_oltp(block, live, args)
-        else:  # blocks that start their own targets
-            runner = {'admission': 'loadtests.admission', 'sync': 'loadtests.sync',
-                      'logging': 'loadtests.logging_bench'}[args.block]
-            import importlib
-            importlib.import_module(runner).run(block, args, work_dir, cleanup, meta,
-                                                lambda: write_meta(run_dir, meta))
+        # the block starts its targets (appending to cleanup what is to stop), fills meta['targets'] and runs
+        blocks.run(args.block).run(block, args, work_dir, cleanup, meta, lambda: rundir.write_meta(run_dir, meta))
         meta['finished_at'] = now_iso()
     except KeyboardInterrupt as stop:
         failed = f'interrupted ({stop})'
@@ -449,17 +208,13 @@ def _main(args, run_dir: Path, work_dir: Path) -> int:
             targets.stop_process(process)
         if failed:
             meta.setdefault('notes', []).append(f'Stopped early: {failed.splitlines()[0]}')
-        write_meta(run_dir, meta)
+        rundir.write_meta(run_dir, meta)
         path = report.write(run_dir)
         log(f'report: {path}')
     if failed:
         log(f'FAILED: {failed}')
         return 1
     return 0
-
-
-def write_meta(run_dir: Path, meta: dict):
-    (run_dir / 'meta.json').write_text(json.dumps(meta, indent=2, default=str) + '\n')
 
 
 if __name__ == '__main__':

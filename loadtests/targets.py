@@ -207,7 +207,7 @@ GATEWAY_VENV = REPO / '.venv'
 
 def gateway_available(root: Path = REPO) -> str | None:
     """None when our gateway can be started from checkout `root`; otherwise what is missing."""
-    missing = [p for p in ('fleet/gunicorn_conf.py', 'gateway/app.py') if not (root / p).exists()]
+    missing = [p for p in ('fleet/gunicorn_conf.py', 'fleet/app.py') if not (root / p).exists()]
     if not (GATEWAY_VENV / 'bin' / 'gunicorn').exists():
         missing.append('.venv/bin/gunicorn')
     return ('missing ' + ', '.join(missing) + f' (in {root})') if missing else None
@@ -217,7 +217,7 @@ def start_gateway(*, port: int, cpu: str, store_url: str, redis_url: str, run_di
                   admin_key: str | None = None, extra_env: dict | None = None, root: Path = REPO) -> Target:
     """Our gateway, one worker pinned to `cpu`, as the lead specified:
     GATEWAY_DATABASE_URL=... GATEWAY_REDIS_URL=... GATEWAY_ADMIN_KEY=... GATEWAY_SECRET_KEY=... GATEWAY_WORKERS=1
-    GATEWAY_CPUS=<cpu> .venv/bin/gunicorn -c fleet/gunicorn_conf.py --bind 127.0.0.1:<port> 'gateway.app:create_app()'
+    GATEWAY_CPUS=<cpu> .venv/bin/gunicorn -c fleet/gunicorn_conf.py --bind 127.0.0.1:<port> 'fleet.app:create_app()'
     (also under taskset, so the master sits on the same core as its worker). `root`: the checkout to run (another
     one than this, e.g. an older commit, to compare two builds); the interpreter is always this repo's .venv."""
     problem = gateway_available(root)
@@ -232,7 +232,7 @@ def start_gateway(*, port: int, cpu: str, store_url: str, redis_url: str, run_di
                 'GATEWAY_WORKERS': '1', 'GATEWAY_CPUS': cpu, 'GATEWAY_HOME': str(home), **(extra_env or {})}
     env.update(settings)
     cmd = [str(GATEWAY_VENV / 'bin' / 'gunicorn'), '-c', 'fleet/gunicorn_conf.py', '--bind', f'127.0.0.1:{port}',
-           'gateway.app:create_app()']
+           'fleet.app:create_app()']
     log_path = run_dir / 'gateway.log'
     process = start_process(cmd, env=env, cwd=root, log_path=log_path, cpu=cpu)
     shown = {k: ('***' if k in ('GATEWAY_ADMIN_KEY', 'GATEWAY_SECRET_KEY') else system.redact(v))

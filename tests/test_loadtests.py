@@ -1,14 +1,23 @@
 """The load tools run against a real fleet: locust headless for a few seconds (no failure
 but the expected 429s, which its rate-limited scenario counts as successes), and a smoke
-block of the benchmark harness."""
+block of the benchmark harness. And loadtests/ stays a house of its own: no import cycle in
+it, nothing of the product imports it, and the reports of the runs kept in docs/bench/raw/
+render again from their raw data exactly as committed."""
 from __future__ import annotations
 
+import ast
 import csv
 import json
 import os
+import shutil
 import subprocess
+import sys
+from pathlib import Path
 
+import pytest
 from conftest import ADMIN_KEY, ROOT, free_port, unique
+
+from loadtests import report
 from loadtests.scenarios import provision
 
 SCENARIOS = ["PlainLookup", "GovernedLookup", "AccountPage", "RateLimited", "ChurnReader", "ManagementChurn"]
@@ -59,7 +68,7 @@ def test_locust_headless_against_the_fleet(gunicorn, demo_connection, api, tmp_p
 
 def test_harness_smoke_block(settings, services, tmp_path):
     out = tmp_path / "results"
-    run = subprocess.run([str(ROOT / ".venv/bin/fleet"), "bench", "--block", "oltp", "--targets", "gateway",
+    run = subprocess.run([sys.executable, "-m", "loadtests.bench", "--block", "oltp", "--targets", "gateway",
                           "--database-url", services.pg.url("demo"), "--rounds", "1", "--duration", "2",
                           "--connections", "8", "--warmup", "1", "--floor-duration", "1",
                           "--gateway-port", str(free_port()), "--redis-port", str(free_port()),
@@ -71,3 +80,108 @@ def test_harness_smoke_block(settings, services, tmp_path):
     calls = [r for r in records if r.get("target") == "gateway" and r.get("kind", "run") == "run"]
     assert calls and all(r.get("ok") for r in calls), records
     assert (block / "results.md").exists()
+
+
+# --- the house: imports and raw data ---------------------------------------------------------
+
+def import_graph(package: Path) -> dict[str, set[str]]:
+    """Module -> the modules of the same package it imports (any import statement, at module
+    level or inside a function), read with ast from every .py file under `package`."""
+    modules = {}
+    for path in package.rglob("*.py"):
+        parts = list(path.relative_to(package.parent).with_suffix("").parts)
+        is_package = parts[-1] == "__init__"
+        modules[".".join(parts[:-1] if is_package else parts)] = (path, is_package)
+    graph = {}
+    for name, (path, is_package) in modules.items():
+        here = name.split(".") if is_package else name.split(".")[:-1]
+        edges = set()
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                found = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    base = ".".join(here[:len(here) - node.level + 1] + ([node.module] if node.module else []))
+                found = [base] + [f"{base}.{alias.name}" for alias in node.names]
+            else:
+                continue
+            edges.update(f for f in found if f in modules and f != name)
+        graph[name] = edges
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan)."""
+    index, low, stack, on_stack, found = {}, {}, [], set(), []
+
+    def visit(v):
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_cycle_finder_finds_a_cycle():
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_loadtests_has_no_import_cycle():
+    graph = import_graph(ROOT / "loadtests")
+    # relative imports resolved (a block's run imports the harness, bench the registry), or the check means nothing
+    assert "loadtests.harness" in graph["loadtests.blocks.oltp.run"]
+    assert "loadtests.blocks" in graph["loadtests.bench"]
+    assert cycles(graph) == []
+    # Blocks are reached through their registry only: no module outside loadtests/blocks/ imports one.
+    outside = {name: {m for m in edges if m.startswith("loadtests.blocks.")}
+               for name, edges in graph.items() if not name.startswith("loadtests.blocks")}
+    assert {name: found for name, found in outside.items() if found} == {}
+
+
+def test_the_product_does_not_import_loadtests():
+    importers = []
+    for package in ("gateway", "fleet"):
+        for path in (ROOT / package).rglob("*.py"):
+            for node in ast.walk(ast.parse(path.read_text(), str(path))):
+                names = ([alias.name for alias in node.names] if isinstance(node, ast.Import)
+                         else [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else [])
+                if any(n == "loadtests" or n.startswith("loadtests.") for n in names):
+                    importers.append(str(path.relative_to(ROOT)))
+    assert importers == []
+
+
+RAW = sorted(p for p in (ROOT / "docs" / "bench" / "raw").iterdir() if p.is_dir())
+
+
+@pytest.mark.parametrize("raw", RAW, ids=[p.name for p in RAW])
+def test_committed_runs_render_as_committed(raw, tmp_path):
+    """Each folder the reports in docs/bench/ cite renders again, from its results.jsonl and
+    meta.json, into the very results.md kept beside them."""
+    pytest.importorskip("matplotlib")  # the scale-out report links its plot
+    folder = tmp_path / raw.name
+    folder.mkdir()
+    for name in ("meta.json", "results.jsonl"):
+        shutil.copy(raw / name, folder / name)
+    written = report.write(folder)
+    assert written.read_text() == (raw / "results.md").read_text()

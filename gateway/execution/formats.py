@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import csv
 import io
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from datetime import date, datetime, time
 
 import orjson
@@ -19,13 +20,13 @@ CONTENT_TYPES = {"json": "application/json", "ndjson": "application/x-ndjson",
 _OPTS = orjson.OPT_SERIALIZE_NUMPY
 
 
-def _default(value):
+def _default(value: object) -> str:
     if isinstance(value, (bytes, bytearray, memoryview)):
         return bytes(value).decode("utf-8", "replace")
     return str(value)
 
 
-def unique_names(names) -> list[str]:
+def unique_names(names: Iterable[str]) -> list[str]:
     """``SELECT a.id, b.id`` gives ``id`` and ``id_2``, so no column is lost."""
     seen: dict[str, int] = {}
     result = []
@@ -35,17 +36,17 @@ def unique_names(names) -> list[str]:
     return result
 
 
-def render_json(columns, rows) -> bytes:
-    return orjson.dumps([dict(zip(columns, row)) for row in rows], default=_default)
+def render_json(columns: Sequence[str], rows: Iterable[Sequence]) -> bytes:
+    return orjson.dumps([dict(zip(columns, row, strict=False)) for row in rows], default=_default)
 
 
-def render_ndjson(columns, rows) -> bytes:
+def render_ndjson(columns: Sequence[str], rows: Sequence[Sequence]) -> bytes:
     if not rows:
         return b""
-    return b"\n".join(orjson.dumps(dict(zip(columns, row)), default=_default) for row in rows) + b"\n"
+    return b"\n".join(orjson.dumps(dict(zip(columns, row, strict=False)), default=_default) for row in rows) + b"\n"
 
 
-def _csv_cell(value):
+def _csv_cell(value: object) -> object:
     if isinstance(value, (datetime, date, time)):
         return value.isoformat()
     if isinstance(value, (bytes, bytearray, memoryview)):
@@ -57,7 +58,7 @@ def _csv_cell(value):
     return value
 
 
-def render_csv(columns, rows, header: bool = True) -> bytes:
+def render_csv(columns: Sequence[str], rows: Iterable[Sequence], header: bool = True) -> bytes:
     buffer = io.StringIO()
     writer = csv.writer(buffer, lineterminator="\n")
     if header:
@@ -66,10 +67,11 @@ def render_csv(columns, rows, header: bool = True) -> bytes:
     return buffer.getvalue().encode()
 
 
-RENDERERS = {"json": render_json, "ndjson": render_ndjson, "csv": render_csv}
+RENDERERS: dict[str, Callable[[Sequence[str], Sequence[Sequence]], bytes]] = {
+    "json": render_json, "ndjson": render_ndjson, "csv": render_csv}
 
 
-def stream_chunks(fmt: str, columns, batches):
+def stream_chunks(fmt: str, columns: Sequence[str], batches: Iterable[Sequence[Sequence]]) -> Iterator[bytes]:
     """Yield encoded chunks, one per batch of rows, for a streamed response."""
     if fmt == "csv":
         yield render_csv(columns, [], header=True)

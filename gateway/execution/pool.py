@@ -8,6 +8,7 @@ prepared statements) busy and lets the rest idle.
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 
 import psycopg2
 import psycopg2.extensions
@@ -18,7 +19,7 @@ from ..errors import unavailable
 class Session:
     __slots__ = ("conn", "cursor", "prepared", "columns")
 
-    def __init__(self, conn):
+    def __init__(self, conn: psycopg2.extensions.connection) -> None:
         self.conn = conn
         self.cursor = conn.cursor()
         self.prepared: set[str] = set()          # statements prepared on this session
@@ -28,7 +29,8 @@ class Session:
 class SessionPool:
     __slots__ = ("_connect_kwargs", "_configure", "_size", "_idle", "_open", "_cond", "_closed", "wait_s")
 
-    def __init__(self, connect_kwargs: dict, size: int, wait_s: float = 5.0, configure=None):
+    def __init__(self, connect_kwargs: dict, size: int, wait_s: float = 5.0,
+                 configure: Callable[[psycopg2.extensions.connection], None] | None = None) -> None:
         self._connect_kwargs = connect_kwargs
         self._configure = configure
         self._size = size

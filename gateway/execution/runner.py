@@ -6,15 +6,24 @@ that same message, so every call is exactly one round trip to the data database.
 """
 from __future__ import annotations
 
+from collections.abc import Generator, Iterable, Sequence
+from typing import TYPE_CHECKING
+
 import psycopg2
 import psycopg2.errorcodes
 import psycopg2.errors
 import psycopg2.extensions
 
-from ..catalog import Connection, QueryVersion
 from ..errors import GatewayError, bad_request, forbidden, unavailable
+from ..model.catalog import Connection, QueryVersion
 from .formats import unique_names
 from .pool import Session, SessionPool, session_options
+
+if TYPE_CHECKING:
+    from ..crypto import PasswordBox
+    from ..settings import Settings
+
+Batches = Generator[list[tuple], None, None]   # a stream's row batches (close() ends it early)
 
 # NUMERIC as float, on data sessions only (the store keeps its own types).
 _NUMERIC_AS_FLOAT = psycopg2.extensions.new_type(
@@ -22,14 +31,14 @@ _NUMERIC_AS_FLOAT = psycopg2.extensions.new_type(
     lambda value, cur: None if value is None else float(value))
 
 
-def _configure_session(conn) -> None:
+def _configure_session(conn: psycopg2.extensions.connection) -> None:
     psycopg2.extensions.register_type(_NUMERIC_AS_FLOAT, conn)
 
 
 class Result:
     __slots__ = ("columns", "rows", "rowcount")
 
-    def __init__(self, columns, rows, rowcount):
+    def __init__(self, columns: tuple[str, ...], rows: list[tuple], rowcount: int) -> None:
         self.columns = columns
         self.rows = rows
         self.rowcount = rowcount
@@ -41,7 +50,7 @@ class Pools:
 
     __slots__ = ("_settings", "_box", "_pools")
 
-    def __init__(self, settings, password_box):
+    def __init__(self, settings: Settings, password_box: PasswordBox) -> None:
         self._settings = settings
         self._box = password_box
         self._pools: dict[tuple, SessionPool] = {}
@@ -66,14 +75,19 @@ class Pools:
     def open_sessions(self) -> int:
         return sum(pool.open_count for pool in list(self._pools.values()))
 
-    def retire_unused(self, connections) -> None:
+    def retire_unused(self, connections: Iterable[Connection]) -> None:
         """After a reload: close pools whose connection was changed or deleted."""
         live = {c.identity for c in connections}
-        for key in [k for k in self._pools if k[0] not in live]:
-            self._pools.pop(key).close()
+        # list() copies the keys in one step (request threads may add a pool meanwhile);
+        # a pool closed here still takes back the sessions in use and closes them.
+        for key in list(self._pools):
+            if key[0] not in live:
+                pool = self._pools.pop(key, None)
+                if pool is not None:
+                    pool.close()
 
     def close(self) -> None:
-        for pool in self._pools.values():
+        for pool in list(self._pools.values()):
             pool.close()
         self._pools.clear()
 
@@ -159,7 +173,7 @@ def _give_back(pool: SessionPool, session: Session, broken: bool) -> None:
     pool.release(session, broken)
 
 
-def _columns(session: Session, qv: QueryVersion, description) -> tuple:
+def _columns(session: Session, qv: QueryVersion, description: Sequence | None) -> tuple[str, ...]:
     """A statement prepared on a session keeps its result columns for the session's life
     (PostgreSQL refuses to run it once they would change): name them once per session and
     statement. Not per query version: a session that prepares the statement after its
@@ -172,7 +186,7 @@ def _columns(session: Session, qv: QueryVersion, description) -> tuple:
     return columns
 
 
-def _finish_write(cur, qv: QueryVersion, rowcount: int) -> None:
+def _finish_write(cur: psycopg2.extensions.cursor, qv: QueryVersion, rowcount: int) -> None:
     limit = qv.max_affected_rows
     if limit is not None and rowcount > limit:
         cur.execute("ROLLBACK")
@@ -182,7 +196,7 @@ def _finish_write(cur, qv: QueryVersion, rowcount: int) -> None:
     cur.execute("COMMIT")
 
 
-def stream(pool: SessionPool, sql: str, timeout_ms: int | None, fetch_rows: int):
+def stream(pool: SessionPool, sql: str, timeout_ms: int | None, fetch_rows: int) -> tuple[tuple[str, ...], Batches]:
     """Open a server-side cursor over ``sql`` (its values already bound as checked
     literals); returns the column names and a generator of row batches that holds the
     session until it is exhausted or closed."""
@@ -210,7 +224,8 @@ def stream(pool: SessionPool, sql: str, timeout_ms: int | None, fetch_rows: int)
     return columns, _batches(pool, session, cur, first, fetch_rows)
 
 
-def _batches(pool, session, cur, first, fetch_rows):
+def _batches(pool: SessionPool, session: Session, cur: psycopg2.extensions.cursor, first: list[tuple],
+             fetch_rows: int) -> Batches:
     broken = True
     try:
         rows = first
@@ -226,7 +241,7 @@ def _batches(pool, session, cur, first, fetch_rows):
         _end_stream(pool, session, broken)
 
 
-def _end_stream(pool, session, broken):
+def _end_stream(pool: SessionPool, session: Session, broken: bool) -> None:
     conn = session.conn
     try:
         if not broken and not conn.closed:

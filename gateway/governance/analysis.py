@@ -37,15 +37,16 @@ How it stays honest:
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Container, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 from sqlglot import exp
 from sqlglot.dialects.postgres import Postgres
+from sqlglot.tokens import Token
 
 from ..errors import GatewayError, bad_request
 from ..sql import Statement, read_positional
-from ..sql.reader import fold
+from ..sql.reader import fold, nodes
 from .schema import Schema, load_schema, qname, split_qname
 
 __all__ = ["analyze", "Analysis", "OutputColumn", "Schema", "load_schema", "DEFAULT_DENIED",
@@ -108,7 +109,7 @@ SIDE_EFFECTS: frozenset[str] = frozenset({
 CATALOG_SCHEMAS = frozenset({"pg_catalog", "information_schema"})
 
 
-def denied_matcher(denied: Iterable[str], allowed: Iterable[str] = ()):
+def denied_matcher(denied: Iterable[str], allowed: Iterable[str] = ()) -> Callable[[str], bool]:
     """A predicate ``name -> bool`` for a deny list (case-insensitive; ``x*`` is a prefix),
     minus the exact names an operator lifted (``GATEWAY_ALLOW_FUNCTIONS``)."""
     exact = {d.lower() for d in denied if not d.endswith("*")}
@@ -140,7 +141,7 @@ class OutputColumn:
                 "derived": sorted(self.derived), "exact_name": self.exact_name}
 
     @classmethod
-    def from_doc(cls, doc: Mapping) -> "OutputColumn":
+    def from_doc(cls, doc: Mapping) -> OutputColumn:
         sources = frozenset(doc["sources"])
         # Missing fields read the cautious way: every source derived, the name unchecked.
         derived = frozenset(doc["derived"]) if "derived" in doc else sources
@@ -175,7 +176,7 @@ class Analysis:
                 "side_effects": list(self.side_effects), "write_ops": list(self.write_ops)}
 
     @classmethod
-    def from_doc(cls, doc: Mapping) -> "Analysis":
+    def from_doc(cls, doc: Mapping) -> Analysis:
         if doc.get("version") != ANALYSIS_VERSION:
             raise ValueError(f"analysis version {doc.get('version')!r} is not {ANALYSIS_VERSION}; analyse again")
         return cls(doc["kind"], doc.get("write_op"), tuple(doc["tables"]),
@@ -208,17 +209,17 @@ class _Col:
     __slots__ = ("name", "sources", "whole", "derived", "exact")
 
     def __init__(self, name: str, sources: frozenset = _EMPTY, whole: frozenset = _EMPTY,
-                 derived: frozenset = _EMPTY, exact: bool = True):
+                 derived: frozenset = _EMPTY, exact: bool = True) -> None:
         self.name = name
         self.sources = sources
         self.whole = whole
         self.derived = derived
         self.exact = exact
 
-    def renamed(self, name: str) -> "_Col":
+    def renamed(self, name: str) -> _Col:
         return _Col(name, self.sources, self.whole, self.derived)   # an alias is an exact name
 
-    def same(self, other: "_Col") -> bool:
+    def same(self, other: _Col) -> bool:
         return self.sources == other.sources and self.whole == other.whole and self.derived == other.derived
 
     def bare(self) -> bool:
@@ -226,7 +227,7 @@ class _Col:
         expression among them)."""
         return bool(self.sources) and not self.derived
 
-    def union(self, other: "_Col") -> "_Col":
+    def union(self, other: _Col) -> _Col:
         """This column and ``other`` in one (set operation branches, VALUES rows, a USING join
         column), named as this one. Direct only when both are: a branch that is a literal, a
         parameter or an expression would have its values hashed with the column's (a hashing
@@ -241,6 +242,9 @@ def _computed(name: str, sources: frozenset, whole: frozenset = _EMPTY, exact: b
     return _Col(name, sources, whole, sources, exact)
 
 
+_Ctes = dict[str, list[_Col]]   # the CTEs in scope, by name: their columns
+
+
 class _Rel:
     """A FROM item: ``key`` is the name it is referred to by (alias or relation name; None
     for an unaliased subquery); ``qualified`` the (schema, table) of a schema relation;
@@ -248,7 +252,8 @@ class _Rel:
 
     __slots__ = ("key", "qualified", "aliased", "cols", "any_sources", "any_whole")
 
-    def __init__(self, key, cols, qualified=None, aliased=False, any_sources=_EMPTY, any_whole=_EMPTY):
+    def __init__(self, key: str | None, cols: list[_Col] | None, qualified: tuple[str, str] | None = None,
+                 aliased: bool = False, any_sources: frozenset = _EMPTY, any_whole: frozenset = _EMPTY) -> None:
         self.key = key
         self.cols = cols
         self.qualified = qualified
@@ -263,26 +268,33 @@ class _Tree:
 
     __slots__ = ("rels", "cols", "merged")
 
-    def __init__(self, rels, cols, merged=None):
+    def __init__(self, rels: list[_Rel], cols: list[_Col] | None, merged: dict[str, _Col] | None = None) -> None:
         self.rels = rels
         self.cols = cols
         self.merged = merged or {}
 
 
+class _Target(_Tree):
+    """A write's target: one table, so its columns are always known."""
+
+    __slots__ = ()
+    cols: list[_Col]
+
+
 class _Scope:
     __slots__ = ("parent", "ctes", "trees", "outputs")
 
-    def __init__(self, parent, ctes):
+    def __init__(self, parent: _Scope | None, ctes: _Ctes) -> None:
         self.parent = parent
         self.ctes = ctes
         self.trees: list[_Tree] = []
         self.outputs: dict | None = None
 
-    def rels(self):
+    def rels(self) -> Iterator[_Rel]:
         for tree in self.trees:
             yield from tree.rels
 
-    def column(self, name: str):
+    def column(self, name: str) -> _Col | None:
         """The column an unqualified ``name`` means at this level, or None."""
         hits, unknown = [], False
         for tree in self.trees:
@@ -301,7 +313,7 @@ class _Scope:
                           "in FROM without a column definition list)")
         return hits[0] if hits else None
 
-    def relation(self, name: str, schema: str | None = None):
+    def relation(self, name: str, schema: str | None = None) -> _Rel | None:
         for rel in self.rels():
             if schema is None:
                 if rel.key == name:
@@ -325,7 +337,7 @@ def _pg_name(text: str, quoted: bool) -> str:
     return name
 
 
-def _ident(node) -> str:
+def _ident(node: object) -> str:
     if isinstance(node, exp.Identifier):
         return _pg_name(node.this, bool(node.quoted))
     if isinstance(node, str):
@@ -333,7 +345,7 @@ def _ident(node) -> str:
     raise _failed(f"expected a name, found {type(node).__name__}")
 
 
-def _truthy(value) -> bool:
+def _truthy(value: object) -> bool:
     return value is not None and value is not False and value != []
 
 
@@ -364,7 +376,8 @@ _LEADING = frozenset({"select", "with", "values", "table", "insert", "update", "
 
 
 class _Analyzer:
-    def __init__(self, schema: Schema, search_path: Sequence[str], denied, catalog_allowed=frozenset()):
+    def __init__(self, schema: Schema, search_path: Sequence[str], denied: Callable[[str], bool],
+                 catalog_allowed: frozenset[tuple[str, str]] = frozenset()) -> None:
         self.schema = schema
         path = tuple(search_path)
         self.path = path if "pg_catalog" in path else ("pg_catalog",) + path
@@ -381,17 +394,17 @@ class _Analyzer:
         self.children: dict | None = None        # parent -> descendants, from schema.parents, when needed
 
     # -- bookkeeping ---------------------------------------------------------------------------
-    def mark(self, node) -> None:
+    def mark(self, node: object) -> None:
         self.seen.add(id(node))
 
     @staticmethod
-    def check_args(node, allowed) -> None:
+    def check_args(node: exp.Expr, allowed: Container[str]) -> None:
         for key, value in node.args.items():
             if key not in allowed and _truthy(value):
                 raise _failed(f"unsupported {key.rstrip('_')} in {node.key.upper()}")
 
     # -- queries -------------------------------------------------------------------------------
-    def query(self, node, parent, ctes) -> list[_Col]:
+    def query(self, node: exp.Expr, parent: _Scope | None, ctes: _Ctes) -> list[_Col]:
         self.mark(node)
         if isinstance(node, exp.Subquery):
             self.check_args(node, {"this", "alias", "with_", *_MODIFIER_ARGS})
@@ -410,14 +423,14 @@ class _Analyzer:
             right = self.query(node.expression, parent, ctes)
             if len(left) != len(right):
                 raise _failed("the branches of a set operation have different numbers of columns")
-            cols = [a.union(b) for a, b in zip(left, right)]
+            cols = [a.union(b) for a, b in zip(left, right, strict=True)]
             self.modifiers(node, cols, parent, ctes)
             return cols
         if isinstance(node, exp.Values):
             return self.values(node, parent, ctes)
         raise _failed(f"unsupported query part {node.key.upper()}")
 
-    def modifiers(self, node, cols, parent, ctes) -> None:
+    def modifiers(self, node: exp.Expr, cols: list[_Col], parent: _Scope | None, ctes: _Ctes) -> None:
         """ORDER BY / LIMIT / OFFSET of a set operation or a parenthesised query: they see
         its output columns by name."""
         if not any(node.args.get(k) for k in _MODIFIER_ARGS):
@@ -428,7 +441,7 @@ class _Analyzer:
             if node.args.get(key) is not None:
                 self.referenced_in(node.args[key], scope)
 
-    def with_(self, node, parent, ctes) -> dict:
+    def with_(self, node: exp.Expr, parent: _Scope | None, ctes: _Ctes) -> _Ctes:
         w = node.args.get("with_")
         if not w:
             return ctes
@@ -450,7 +463,7 @@ class _Analyzer:
             entries.append((name, self.alias_columns(alias), cte.this))
         if recursive:
             names = [name for name, _, _ in entries]
-            for position, (name, _, body) in enumerate(entries):
+            for position, (_name, _, body) in enumerate(entries):
                 later = set(names[position + 1:])
                 for table in body.find_all(exp.Table):
                     if isinstance(table.this, exp.Identifier) and not table.args.get("db") \
@@ -464,7 +477,8 @@ class _Analyzer:
             ctes[name] = cols
         return ctes
 
-    def recursive_cte(self, name, columns, body, parent, ctes) -> list[_Col]:
+    def recursive_cte(self, name: str, columns: list[str] | None, body: exp.SetOperation, parent: _Scope | None,
+                      ctes: _Ctes) -> list[_Col]:
         # The non-recursive term first, then the whole body with the CTE bound to what is
         # known so far, until the lineage stops growing (it only grows, and is finite).
         seed = dict(ctes)
@@ -476,13 +490,13 @@ class _Analyzer:
             cols = self.rename(self.query(body, parent, bound), columns)
             if len(cols) != len(current):
                 raise _failed("a recursive CTE whose branches have different numbers of columns")
-            merged = [a.union(b) for a, b in zip(current, cols)]
-            if all(a.same(b) for a, b in zip(merged, current)):
+            merged = [a.union(b) for a, b in zip(current, cols, strict=True)]
+            if all(a.same(b) for a, b in zip(merged, current, strict=True)):
                 return merged
             current = merged
         raise _failed("the lineage of a recursive CTE does not settle")
 
-    def values(self, node, parent, ctes) -> list[_Col]:
+    def values(self, node: exp.Values, parent: _Scope | None, ctes: _Ctes) -> list[_Col]:
         self.check_args(node, {"expressions", "alias"})
         scope = _Scope(parent, ctes)
         width = None
@@ -500,7 +514,7 @@ class _Analyzer:
                 acc[i] = col if acc[i] is None else acc[i].union(col)
         return acc
 
-    def select(self, node, parent, ctes) -> list[_Col]:
+    def select(self, node: exp.Select, parent: _Scope | None, ctes: _Ctes) -> list[_Col]:
         if node.args.get("into") is not None:
             raise _not_allowed("SELECT ... INTO creates a table and is not allowed")
         if node.args.get("locks"):
@@ -539,7 +553,7 @@ class _Analyzer:
                 self.referenced_in(node.args[key], scope, outputs=True)
         return cols
 
-    def projection(self, node, scope) -> list[_Col]:
+    def projection(self, node: exp.Expr, scope: _Scope) -> list[_Col]:
         if isinstance(node, exp.Star):
             self.mark(node)
             self.check_args(node, set())
@@ -562,26 +576,25 @@ class _Analyzer:
         return [_Col(_output_name(node), src, whole, derived, _exact_name(node))]
 
     # -- FROM ------------------------------------------------------------------------------------
-    def from_list(self, scope, first, joins, nested: bool = False) -> None:
+    def from_list(self, scope: _Scope, first: exp.Expr, joins: list[exp.Join], nested: bool = False) -> None:
         items = [(first, None)] + [(join.this, join) for join in joins]
         for item, join in items:
             if join is not None:
                 self.mark(join)
                 self.check_args(join, {"this", "on", "side", "kind", "using", "method"})
-            comma = join is None or not any(join.args.get(k) for k in ("on", "side", "kind", "using", "method"))
             if nested and join is None:
                 self.mark(item)
                 tree = self.table_item(item, scope, nested=True)
             else:
                 tree = self.from_item(item, scope)
-            if comma:
-                scope.trees.append(tree)
+            if join is None or not any(join.args.get(k) for k in ("on", "side", "kind", "using", "method")):
+                scope.trees.append(tree)   # a comma: a tree of its own
             else:
                 scope.trees[-1] = self.join(scope.trees[-1], tree, join)
                 if join.args.get("on") is not None:
                     self.referenced_in(join.args["on"], scope)
 
-    def join(self, left: _Tree, right: _Tree, join) -> _Tree:
+    def join(self, left: _Tree, right: _Tree, join: exp.Join) -> _Tree:
         using = join.args.get("using") or []
         method = str(join.args.get("method") or "").upper()
         if method and method != "NATURAL":
@@ -614,7 +627,7 @@ class _Analyzer:
         cols = joined + [c for c in left.cols if c.name not in named] + [c for c in right.cols if c.name not in named]
         return _Tree(rels, cols, merged)
 
-    def from_item(self, item, scope) -> _Tree:
+    def from_item(self, item: exp.Expr, scope: _Scope) -> _Tree:
         self.mark(item)
         if isinstance(item, exp.Table):
             return self.table_item(item, scope)
@@ -652,7 +665,7 @@ class _Analyzer:
             return self.derived(alias, cols)
         raise _failed(f"unsupported FROM item {item.key.upper()}")
 
-    def derived(self, alias, cols) -> _Tree:
+    def derived(self, alias: exp.TableAlias | None, cols: list[_Col]) -> _Tree:
         name = None
         if alias is not None:
             self.mark(alias)
@@ -661,7 +674,7 @@ class _Analyzer:
         rel = _Rel(name, list(cols), aliased=True)
         return _Tree([rel], list(cols))
 
-    def alias_columns(self, alias) -> list[str] | None:
+    def alias_columns(self, alias: exp.TableAlias | None) -> list[str] | None:
         if alias is None or not alias.args.get("columns"):
             return None
         names = []
@@ -676,14 +689,14 @@ class _Analyzer:
         return names
 
     @staticmethod
-    def rename(cols, names) -> list[_Col]:
+    def rename(cols: list[_Col], names: list[str] | None) -> list[_Col]:
         if not names:
             return list(cols)
         if len(names) > len(cols):
             raise _failed("more column aliases than columns")
         return [c.renamed(names[i]) if i < len(names) else c for i, c in enumerate(cols)]
 
-    def table_item(self, item, scope, nested: bool = False) -> _Tree:
+    def table_item(self, item: exp.Expr, scope: _Scope, nested: bool = False) -> _Tree:
         if item.args.get("joins") and not nested:
             raise _failed("unsupported nested join")
         allowed = {"this", "db", "alias", "only", "sample", "ordinality", "rows_from"}
@@ -717,7 +730,7 @@ class _Analyzer:
         rel = _Rel(alias_name or name, cols, qualified=key, aliased=alias_name is not None)
         return _Tree([rel], list(cols))
 
-    def resolve_relation(self, schema_name, name) -> tuple[str, str]:
+    def resolve_relation(self, schema_name: str | None, name: str) -> tuple[str, str]:
         relations = self.schema.relations
         if schema_name is not None:
             key = (schema_name, name)
@@ -740,7 +753,7 @@ class _Analyzer:
             self.views.add(key)
         return key
 
-    def relation_columns(self, key) -> list[_Col]:
+    def relation_columns(self, key: tuple[str, str]) -> list[_Col]:
         # A child's rows are its ancestors' rows too (a mask on the parent covers the child),
         # and reading a parent reads every descendant's rows (a mask on a child covers them
         # there): both are sources of the column of that name. Inherited columns keep their
@@ -756,7 +769,7 @@ class _Analyzer:
             cols.append(_Col(column, frozenset(sources)))
         return cols
 
-    def descendants(self, key) -> list:
+    def descendants(self, key: tuple[str, str]) -> list[tuple[str, str]]:
         """Every table that inherits from ``key`` or is a partition of it, at any depth
         (``schema.parents`` lists all ancestors of each child)."""
         if self.children is None:
@@ -767,7 +780,7 @@ class _Analyzer:
                         self.children.setdefault(ancestor, []).append(child)
         return sorted(self.children.get(key, ()))
 
-    def function_rel(self, fn, alias, scope, ordinality) -> _Tree:
+    def function_rel(self, fn: exp.Func, alias: exp.TableAlias | None, scope: _Scope, ordinality: bool) -> _Tree:
         name = self.function_name(fn)
         src, whole = self.lineage(fn, scope)
         alias_name = _ident(alias.this) if alias is not None and alias.this is not None else None
@@ -788,7 +801,7 @@ class _Analyzer:
         rel = _Rel(alias_name or name, cols, aliased=True, any_sources=src, any_whole=whole)
         return _Tree([rel], None if cols is None else list(cols))
 
-    def unnest(self, node, alias, scope) -> _Tree:
+    def unnest(self, node: exp.Unnest, alias: exp.TableAlias | None, scope: _Scope) -> _Tree:
         self.mark(node)
         self.check_args(node, {"expressions", "alias", "offset"})
         self.functions.add("unnest")
@@ -801,7 +814,7 @@ class _Analyzer:
             names = [alias_name or "unnest"] if len(per_arg) == 1 and alias_name else ["unnest"] * len(per_arg)
         if len(names) != len(per_arg):
             raise _failed("unnest column aliases do not match its arguments")
-        cols = [_computed(n, s, w) for n, (s, w) in zip(names, per_arg)]
+        cols = [_computed(n, s, w) for n, (s, w) in zip(names, per_arg, strict=True)]
         offset = node.args.get("offset")
         if _truthy(offset):
             self.mark(offset)
@@ -811,8 +824,9 @@ class _Analyzer:
         rel = _Rel(alias_name or "unnest", cols, aliased=True, any_sources=all_src, any_whole=all_whole)
         return _Tree([rel], list(cols))
 
-    def rows_from(self, item, alias, scope) -> _Tree:
-        src, whole = set(), set()
+    def rows_from(self, item: exp.Expr, alias: exp.TableAlias | None, scope: _Scope) -> _Tree:
+        src: set = set()
+        whole: set = set()
         for part in item.args["rows_from"]:
             self.mark(part)
             fn = part.this if isinstance(part, exp.Table) else part
@@ -824,19 +838,19 @@ class _Analyzer:
             whole |= w
         names = self.alias_columns(alias)
         alias_name = _ident(alias.this) if alias is not None and alias.this is not None else None
-        src, whole = frozenset(src), frozenset(whole)
-        cols = None if names is None else [_computed(n, src, whole) for n in names]
-        rel = _Rel(alias_name, cols, aliased=True, any_sources=src, any_whole=whole)
+        sources, wholes = frozenset(src), frozenset(whole)
+        cols = None if names is None else [_computed(n, sources, wholes) for n in names]
+        rel = _Rel(alias_name, cols, aliased=True, any_sources=sources, any_whole=wholes)
         return _Tree([rel], cols)
 
     # -- expressions ---------------------------------------------------------------------------
-    def lineage(self, node, scope, outputs: bool = False) -> tuple[frozenset, frozenset]:
+    def lineage(self, node: exp.Expr, scope: _Scope, outputs: bool = False) -> tuple[frozenset, frozenset]:
         src: set = set()
         whole: set = set()
         self.walk(node, scope, src, whole, outputs)
         return frozenset(src), frozenset(whole)
 
-    def output(self, node, scope) -> tuple[frozenset, frozenset, frozenset]:
+    def output(self, node: exp.Expr, scope: _Scope) -> tuple[frozenset, frozenset, frozenset]:
         """(sources, whole rows, derived) of one output expression. Only a bare column
         reference (aliased or parenthesised) passes a column's values through as they are,
         keeping what it derives; any other expression computes new values from every source
@@ -848,10 +862,10 @@ class _Analyzer:
         # Resolved a second time (already marked and recorded): to learn what it passes on.
         return src, whole, self.resolve(column, scope).derived
 
-    def referenced_in(self, node, scope, outputs: bool = False) -> None:
+    def referenced_in(self, node: exp.Expr, scope: _Scope, outputs: bool = False) -> None:
         self.walk(node, scope, set(), set(), outputs)
 
-    def walk(self, node, scope, src, whole, outputs) -> None:
+    def walk(self, node: exp.Expr, scope: _Scope, src: set, whole: set, outputs: bool) -> None:
         self.mark(node)
         if isinstance(node, exp.Column):
             s, w = self.column(node, scope, outputs)
@@ -879,7 +893,7 @@ class _Analyzer:
         for child in node.iter_expressions():
             self.walk(child, scope, src, whole, outputs)
 
-    def function_name(self, node) -> str:
+    def function_name(self, node: exp.Func) -> str:
         if isinstance(node, exp.Anonymous):
             name = _ident(node.this) if isinstance(node.this, (exp.Identifier, str)) else str(node.this)
         else:
@@ -890,11 +904,11 @@ class _Analyzer:
         self.functions.add(name)
         return name
 
-    def column(self, node, scope, outputs=False) -> tuple[frozenset, frozenset]:
+    def column(self, node: exp.Column, scope: _Scope, outputs: bool = False) -> tuple[frozenset, frozenset]:
         col = self.resolve(node, scope, outputs)
         return col.sources, col.whole
 
-    def resolve(self, node, scope, outputs=False) -> _Col:
+    def resolve(self, node: exp.Column, scope: _Scope, outputs: bool = False) -> _Col:
         """The column a column reference means. A whole row, or a column of a function whose
         columns cannot be told apart, is a value computed from its sources: all derived."""
         self.mark(node)
@@ -911,7 +925,7 @@ class _Analyzer:
         if node.args.get("table") is None:
             if outputs and scope.outputs and name in scope.outputs:
                 return scope.outputs[name]
-            level = scope
+            level: _Scope | None = scope
             while level is not None:
                 col = level.column(name)
                 if col is not None:
@@ -939,14 +953,14 @@ class _Analyzer:
         self.referenced.update(hits[0].sources)
         return hits[0]
 
-    def find_relation(self, node, scope) -> _Rel:
+    def find_relation(self, node: exp.Column, scope: _Scope) -> _Rel:
         table = node.args.get("table")
         db = node.args.get("db")
         if table is None:
             raise _failed("a qualified reference without a relation")
         name = _ident(table)
         schema_name = _ident(db) if db is not None else None
-        level = scope
+        level: _Scope | None = scope
         while level is not None:
             rel = level.relation(name, schema_name)
             if rel is not None:
@@ -971,7 +985,7 @@ class _Analyzer:
         return frozenset(src), frozenset(whole)
 
     # -- writes ----------------------------------------------------------------------------------
-    def write(self, root) -> list[_Col]:
+    def write(self, root: exp.Expr) -> list[_Col]:
         ctes = self.with_(root, None, {})
         if isinstance(root, exp.Insert):
             return self.insert(root, ctes)
@@ -981,7 +995,7 @@ class _Analyzer:
             return self.delete(root, ctes)
         return self.merge(root, ctes)
 
-    def target(self, table) -> _Tree:
+    def target(self, table: exp.Expr) -> _Target:
         if not isinstance(table, exp.Table) or not isinstance(table.this, exp.Identifier):
             raise _failed("the target of a write must be a table")
         self.mark(table)
@@ -997,9 +1011,9 @@ class _Analyzer:
         key = self.resolve_relation(_ident(db) if db is not None else None, _ident(table.this))
         cols = self.relation_columns(key)
         alias_name = _ident(alias.this) if alias is not None and alias.this is not None else None
-        return _Tree([_Rel(alias_name or key[1], cols, qualified=key, aliased=alias_name is not None)], cols)
+        return _Target([_Rel(alias_name or key[1], cols, qualified=key, aliased=alias_name is not None)], cols)
 
-    def target_columns(self, target: _Tree, nodes) -> None:
+    def target_columns(self, target: _Target, nodes: Iterable[exp.Expr]) -> None:
         names = {c.name for c in target.cols}
         for node in nodes:
             for part in node.walk():
@@ -1014,7 +1028,7 @@ class _Analyzer:
             if _ident(column) not in names:
                 raise bad_request("unknown_column", f"column {_ident(column)!r} is not a column of the target")
 
-    def assignments(self, target: _Tree, items, scope) -> None:
+    def assignments(self, target: _Target, items: Iterable[exp.Expr], scope: _Scope) -> None:
         for item in items:
             self.mark(item)
             if not isinstance(item, exp.EQ):
@@ -1026,7 +1040,7 @@ class _Analyzer:
             src, _ = self.lineage(item.expression, scope)
             self.write_sources.update(src)
 
-    def returning(self, root, target: _Tree, scope) -> list[_Col]:
+    def returning(self, root: exp.Expr, target: _Target, scope: _Scope) -> list[_Col]:
         returning = root.args.get("returning")
         if returning is None:
             return []
@@ -1049,7 +1063,7 @@ class _Analyzer:
             cols.extend(self.projection(projection, scope))
         return cols
 
-    def insert(self, root, ctes) -> list[_Col]:
+    def insert(self, root: exp.Insert, ctes: _Ctes) -> list[_Col]:
         self.check_args(root, {"with_", "this", "expression", "conflict", "returning", "default"})
         self.mark(root)
         target_node = root.this
@@ -1091,7 +1105,7 @@ class _Analyzer:
         scope.trees = [target]
         return self.returning(root, target, scope)
 
-    def update(self, root, ctes) -> list[_Col]:
+    def update(self, root: exp.Update, ctes: _Ctes) -> list[_Col]:
         self.check_args(root, {"with_", "this", "expressions", "from_", "where", "returning"})
         self.mark(root)
         target = self.target(root.this)
@@ -1106,7 +1120,7 @@ class _Analyzer:
             self.referenced_in(root.args["where"], scope)
         return self.returning(root, target, scope)
 
-    def delete(self, root, ctes) -> list[_Col]:
+    def delete(self, root: exp.Delete, ctes: _Ctes) -> list[_Col]:
         self.check_args(root, {"with_", "this", "using", "where", "returning"})
         self.mark(root)
         target = self.target(root.this)
@@ -1118,7 +1132,7 @@ class _Analyzer:
             self.referenced_in(root.args["where"], scope)
         return self.returning(root, target, scope)
 
-    def merge(self, root, ctes) -> list[_Col]:
+    def merge(self, root: exp.Expr, ctes: _Ctes) -> list[_Col]:
         self.check_args(root, {"with_", "this", "using", "on", "whens", "returning"})
         self.mark(root)
         target = self.target(root.this)
@@ -1165,7 +1179,7 @@ class _Analyzer:
 _ALL = frozenset({"*"})
 
 
-def _stored_by(root) -> frozenset:
+def _stored_by(root: exp.Expr) -> frozenset:
     """The target columns a write sets (``_ALL`` for an INSERT or a MERGE, which may set any)."""
     if isinstance(root, exp.Delete):
         return _EMPTY
@@ -1184,7 +1198,7 @@ def _output_column(col: _Col) -> OutputColumn:
                         frozenset(qname(*s) for s in col.derived), col.exact)
 
 
-def _bare_column(node):
+def _bare_column(node: exp.Expr) -> exp.Column | None:
     """The column reference ``node`` is, through an alias and parentheses, or None."""
     if isinstance(node, exp.Alias):
         node = node.this
@@ -1195,7 +1209,7 @@ def _bare_column(node):
     return None
 
 
-def _exact_name(node) -> bool:
+def _exact_name(node: exp.Expr) -> bool:
     """Whether :func:`_output_name` is certainly PostgreSQL's name for the projection: an
     alias, or a column reference (PostgreSQL names a cast of a column after the column).
     Other expressions are named after functions as sqlglot reads them (``substr`` becomes
@@ -1208,7 +1222,7 @@ def _exact_name(node) -> bool:
         and not (_ident(node.this) in _KEYWORD_VALUES and not node.this.quoted)
 
 
-def _output_name(node) -> str:
+def _output_name(node: exp.Expr) -> str:
     if isinstance(node, exp.Alias):
         return _ident(node.args["alias"])
     inner = node
@@ -1229,7 +1243,7 @@ _CHECKED = (exp.Column, exp.Table, exp.Select, exp.SetOperation, exp.Subquery, e
             exp.Join, exp.From, exp.With, exp.CTE, exp.Lateral, exp.Unnest, exp.Returning, exp.OnConflict)
 
 
-def _statement_kind(root) -> tuple[str, str | None]:
+def _statement_kind(root: exp.Expr) -> tuple[str, str | None]:
     if isinstance(root, _WRITES):
         return "write", _WRITE_OPS[type(root)]
     if isinstance(root, _QUERIES):
@@ -1248,7 +1262,7 @@ _STRUCTURAL_WORDS = frozenset({"within", "nulls", "first", "last", "at", "time",
                                "groups", "exclude", "others"})
 
 
-def _names_survive(tokens, root) -> None:
+def _names_survive(tokens: Sequence[Token], root: exp.Expr) -> None:
     """Every name sqlglot's tokenizer saw (other than a function name) must be in the parse
     tree: a clause the parser dropped cannot take a table or column out of the analysis."""
     names: set[str] = set()
@@ -1269,7 +1283,7 @@ def _names_survive(tokens, root) -> None:
             raise _failed(f"the parser dropped {token.text!r} from the statement")
 
 
-def _forbidden_nodes(root) -> None:
+def _forbidden_nodes(root: exp.Expr) -> None:
     for node in root.walk():
         if node is root:
             continue
@@ -1290,7 +1304,7 @@ _STRING_TOKENS = frozenset(("STRING", "BYTE_STRING", "HEREDOC_STRING", "NATIONAL
 _WORD_FULL = re.compile(r"[A-Za-z_\u0080-\U0010ffff][A-Za-z0-9_$\u0080-\U0010ffff]*\Z")
 
 
-def _sqlglot_words(tokens) -> list[tuple[str, str]]:
+def _sqlglot_words(tokens: Iterable[Token]) -> list[tuple[str, str]]:
     """The words (identifiers and keywords) of sqlglot's tokens, in the reader's form."""
     words = []
     for token in tokens:
@@ -1306,7 +1320,7 @@ def _sqlglot_words(tokens) -> list[tuple[str, str]]:
     return words
 
 
-def _read(sql) -> Statement:
+def _read(sql: object) -> Statement:
     """PostgreSQL's reading of the statement (its parser, through ``gateway.sql``)."""
     if isinstance(sql, Statement):
         return sql
@@ -1324,7 +1338,7 @@ def _read(sql) -> Statement:
         raise
 
 
-def _readers_agree(statement: Statement, tokens) -> None:
+def _readers_agree(statement: Statement, tokens: Sequence[Token]) -> None:
     """sqlglot's tokens must name the same words, in the same order, and put parameters at
     the same places as PostgreSQL's parser: nothing PostgreSQL runs can hide from the parse
     tree inside what sqlglot took for a string or a comment (or the other way round)."""
@@ -1340,30 +1354,19 @@ def _readers_agree(statement: Statement, tokens) -> None:
 _BETWEEN_OPERATORS = ("<", "<=", ">", ">=")
 
 
-def _tree_nodes(tree):
-    stack = [tree]
-    while stack:
-        item = stack.pop()
-        if isinstance(item, dict):
-            yield item
-            stack.extend(item.values())
-        elif isinstance(item, list):
-            stack.extend(item)
-
-
-def _operator_name(parts) -> str | None:
+def _operator_name(parts: Iterable[object] | None) -> str | None:
     names = [p["String"]["sval"] for p in parts or () if isinstance(p, dict) and "String" in p]
     return names[-1] if names else None
 
 
-def _operator_symbols(tree) -> set[str]:
+def _operator_symbols(tree: dict) -> set[str]:
     """Every operator the statement applies, as PostgreSQL's parser reads it: written ones
     (``a && b``, ``OPERATOR(public.&&)``, ``ORDER BY a USING <``) and the ones a construct
     stands for (``LIKE`` is ``~~``, ``IN``/``NULLIF``/``IS DISTINCT FROM``/``CASE x WHEN`` are
     ``=``, ``BETWEEN`` is ``<=``/``>=``...). A type's default comparison (GROUP BY, DISTINCT,
     ORDER BY, UNION) is not followed."""
     symbols: set[str] = set()
-    for node in _tree_nodes(tree):
+    for node in nodes(tree):
         expr = node.get("A_Expr")
         if isinstance(expr, dict):
             if "BETWEEN" in str(expr.get("kind", "")):
@@ -1383,7 +1386,7 @@ def _operator_symbols(tree) -> set[str]:
     return symbols
 
 
-def _tree_write_ops(tree) -> set[str]:
+def _tree_write_ops(tree: dict) -> set[str]:
     """The write operations besides the statement's own: ``INSERT ... ON CONFLICT DO
     UPDATE`` updates; a ``MERGE`` does what its actions do."""
     ops: set[str] = set()
@@ -1402,7 +1405,8 @@ def _tree_write_ops(tree) -> set[str]:
     return ops
 
 
-def analyze(sql: "str | Statement", schema, search_path: Sequence[str] = ("public",),
+def analyze(sql: str | Statement, schema: Schema | Mapping[str, Sequence[str]],
+            search_path: Sequence[str] = ("public",),
             denied_functions: Iterable[str] = DEFAULT_DENIED, allowed_functions: Iterable[str] = (),
             allowed_catalog_relations: Iterable[str] = ()) -> Analysis:
     """Analyse one statement against ``schema`` (a :class:`Schema` or a mapping
@@ -1468,7 +1472,7 @@ def analyze(sql: "str | Statement", schema, search_path: Sequence[str] = ("publi
         raise _failed("the statement is nested too deeply to analyse") from None
     called = {f.rsplit(".", 1)[-1].lower() for f in analyzer.functions} | \
         {c.rsplit('.', 1)[-1] for c in statement.calls} | operator_calls
-    user = ()
+    user: tuple[str, ...] = ()
     if schema.functions is not None:
         user = tuple(sorted(f for f in schema.functions if f.lower() in called))
     side_effect = denied_matcher(SIDE_EFFECTS)

@@ -42,10 +42,11 @@ import hmac
 import ipaddress
 import json
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import date, datetime, time
 from decimal import Decimal
 from operator import itemgetter
+from typing import Any, overload
 
 from ..errors import GatewayError, bad_request, forbidden
 from .analysis import Analysis
@@ -71,7 +72,7 @@ def _invalid(field: str, message: str) -> GatewayError:
 class MaskRule:
     __slots__ = ("pattern", "action", "schema", "table", "column", "literal_table", "table_text", "schema_text")
 
-    def __init__(self, pattern: str, action: str):
+    def __init__(self, pattern: str, action: str) -> None:
         if not isinstance(pattern, str) or not pattern:
             raise _invalid("mask", "each rule's column must be a non-empty string")
         if action not in _RANK:
@@ -107,11 +108,11 @@ class MaskRule:
         return {"column": self.pattern, "action": self.action}
 
 
-def _compile(part: str):
+def _compile(part: str) -> re.Pattern[str]:
     return re.compile(fnmatch.translate(part), re.IGNORECASE | re.DOTALL)
 
 
-def compile_masks(rules) -> tuple[MaskRule, ...]:
+def compile_masks(rules: Any) -> tuple[MaskRule, ...]:
     """Mask rules as stored (a list of ``{"column", "action"}``), compiled; None is none."""
     if rules is None:
         return ()
@@ -133,12 +134,12 @@ def compile_masks(rules) -> tuple[MaskRule, ...]:
 class _TableMatcher:
     __slots__ = ("exact", "patterns", "raw")
 
-    def __init__(self, names):
+    def __init__(self, names: Any) -> None:
         if not isinstance(names, list) or not all(isinstance(n, str) and n for n in names):
             raise _invalid("allowed_tables", "must be a list of table names (schema.table, schema.*, table), or null")
         self.raw = list(names)
         self.exact: set[tuple[str, str]] = set()
-        self.patterns = []
+        self.patterns: list[tuple[re.Pattern[str], re.Pattern[str]]] = []
         for name in names:
             try:
                 parts = split_qname(name)
@@ -172,8 +173,10 @@ class Grants:
     __slots__ = ("allowed_tables", "masks", "allow_writes", "allowed_write_ops", "max_rows", "query_timeout",
                  "allowed_ips", "_networks")
 
-    def __init__(self, allowed_tables=None, masks=(), allow_writes=False, allowed_write_ops=None,
-                 max_rows=None, query_timeout=None, allowed_ips=None):
+    def __init__(self, allowed_tables: _TableMatcher | None = None, masks: tuple[MaskRule, ...] = (),
+                 allow_writes: bool = False, allowed_write_ops: frozenset[str] | None = None,
+                 max_rows: int | None = None, query_timeout: float | None = None,
+                 allowed_ips: list[str] | None = None) -> None:
         self.allowed_tables = allowed_tables        # _TableMatcher or None
         self.masks = masks                          # tuple[MaskRule, ...]
         self.allow_writes = allow_writes
@@ -185,7 +188,7 @@ class Grants:
             tuple(ipaddress.ip_network(v, strict=False) for v in allowed_ips)
 
     @classmethod
-    def from_doc(cls, doc: Mapping | None) -> "Grants":
+    def from_doc(cls, doc: Mapping | None) -> Grants:
         doc = doc or {}
         if not isinstance(doc, Mapping):
             raise _invalid("grants", "must be an object")
@@ -252,7 +255,7 @@ class Grants:
 
 
 # --- values -----------------------------------------------------------------------------------
-def _text(value):
+def _text(value: Any) -> str | None:
     if isinstance(value, str):
         return value
     if isinstance(value, (int, float, Decimal)) and not isinstance(value, bool):
@@ -264,7 +267,7 @@ def _text(value):
     return None
 
 
-def _hasher(key: bytes):
+def _hasher(key: bytes) -> Callable[[Any], str | None]:
     base = hmac.new(key, digestmod=hashlib.sha256)
 
     def digest(value):
@@ -283,7 +286,7 @@ def _hasher(key: bytes):
     return digest
 
 
-def mask_value(value):
+def mask_value(value: Any) -> str | None:
     """Text keeps its last 4 characters (``****1234``); 4 characters or fewer are hidden
     entirely; a value with no text form (JSON, bytes, arrays) becomes null."""
     if value is None:
@@ -306,8 +309,9 @@ class CallPlan:
     __slots__ = ("actions", "width", "identity", "max_rows", "query_timeout", "_convert", "_keep", "_fired",
                  "_names", "_forms", "_good")
 
-    def __init__(self, actions: Sequence[str | None], hash_key: bytes | None, max_rows=None, query_timeout=None,
-                 fired=(), names: Sequence[str | None] | None = None):
+    def __init__(self, actions: Sequence[str | None], hash_key: bytes | None, max_rows: int | None = None,
+                 query_timeout: float | None = None, fired: Iterable[dict] = (),
+                 names: Sequence[str | None] | None = None) -> None:
         self.actions = tuple(actions)
         self.width = len(self.actions)
         self.max_rows = max_rows
@@ -325,40 +329,45 @@ class CallPlan:
         # unique (``id``, ``id_2``); compared as whole tuples.
         self._forms = None if self._names is None or None in self._names else \
             frozenset((self._names, _unique_names(self._names)))
-        self._good = None   # the last columns tuple that passed: the same object is not checked again
+        # The last columns tuple that passed: the same object is not checked again.
+        self._good: Sequence[str] | None = None
 
-    def _build(self, hash_key):
+    def _build(self, hash_key: bytes | None) -> Callable[[Sequence], tuple]:
         nulls = tuple(i for i, a in enumerate(self.actions) if a == "null")
         hashes = tuple(i for i, a in enumerate(self.actions) if a == "hash")
         masks = tuple(i for i, a in enumerate(self.actions) if a == "mask")
         dropped = len(self._keep) != self.width
         if hashes and not hash_key:
             raise ValueError("a hash mask applies but no hash key was given to the planner (GATEWAY_MASK_KEY)")
-        digest = _hasher(hash_key) if hashes else None
+        digest = _hasher(hash_key) if hashes and hash_key else None
         keep = self._keep
+        pick: Callable[[list], tuple]
         if not dropped:
             pick = tuple
         elif len(keep) == 0:
-            def pick(_row):
+            def pick_none(_row: list) -> tuple:
                 return ()
+            pick = pick_none
         elif len(keep) == 1:
             only = keep[0]
 
-            def pick(row):
+            def pick_one(row: list) -> tuple:
                 return (row[only],)
+            pick = pick_one
         else:
             getter = itemgetter(*keep)
 
-            def pick(row):
+            def pick_many(row: list) -> tuple:
                 return getter(row)
+            pick = pick_many
         mask = mask_value
 
-        def convert(row):
+        def convert(row: Sequence) -> tuple:
             values = list(row)
             for i in nulls:
                 values[i] = None
             for i in hashes:
-                values[i] = digest(values[i])
+                values[i] = digest(values[i])  # type: ignore[misc]  # None only when no column is hashed
             for i in masks:
                 values[i] = mask(values[i])
             return pick(values)
@@ -369,7 +378,7 @@ class CallPlan:
         self._check(columns)
         return list(columns) if self._convert is None else [columns[i] for i in self._keep]
 
-    def _check(self, columns) -> None:
+    def _check(self, columns: Sequence[str]) -> None:
         # The runner names a query version's columns once and passes the same tuple on every
         # call: one identity test on the hot path; a new tuple is compared once, by value.
         if columns is self._good:
@@ -377,24 +386,31 @@ class CallPlan:
         if len(columns) != self.width:
             raise forbidden("mask_unresolvable", "the result no longer has the shape the query was analysed "
                                                  "with (has the schema changed?); save the query again")
-        if self._names is not None and not self._names_match(columns):
+        names = self._names
+        if names is not None and not self._names_match(columns, names):
             raise forbidden("mask_unresolvable", "the result's columns are not the ones the query was analysed "
-                            f"with ({_shown(columns)}; analysed: {_shown(n or '?' for n in self._names)}): the "
+                            f"with ({_shown(columns)}; analysed: {_shown(n or '?' for n in names)}): the "
                             "schema has changed; save the query again")
         if type(columns) is tuple:   # immutable: safe to remember by identity
             self._good = columns
 
-    def _names_match(self, columns) -> bool:
+    def _names_match(self, columns: Sequence[str], names: Sequence[str | None]) -> bool:
         if self._forms is not None:
             return tuple(columns) in self._forms
         # Some names unknown: the known ones must be where they were, as they are or as the
         # runner makes a repeated name unique (its number counts the unknown names too).
-        for have, want in zip(columns, self._names):
+        for have, want in zip(columns, names, strict=True):   # as wide: checked first
             if want is not None and have != want and not _renamed_from(have, want):
                 return False
         return True
 
-    def apply(self, columns: Sequence[str], rows):
+    @overload
+    def apply(self, columns: Sequence[str], rows: list) -> tuple[Sequence[str], list]: ...
+
+    @overload
+    def apply(self, columns: Sequence[str], rows: Iterable) -> tuple[Sequence[str], Iterable]: ...
+
+    def apply(self, columns: Sequence[str], rows: Iterable) -> tuple[Sequence[str], Iterable]:
         """(columns, rows) with the masks applied: a list for a list, else a lazy iterator."""
         if self.identity:
             return columns, rows
@@ -407,7 +423,7 @@ class CallPlan:
             return out, [convert(row) for row in rows]
         return out, map(convert, rows)
 
-    def apply_row(self, row):
+    def apply_row(self, row: Sequence) -> Sequence:
         return row if self._convert is None else self._convert(row)
 
     def describe(self) -> list[dict]:
@@ -415,18 +431,18 @@ class CallPlan:
         return [dict(f) for f in self._fired]
 
 
-def _unique_names(names) -> tuple[str, ...]:
+def _unique_names(names: Iterable[str | None]) -> tuple[str | None, ...]:
     """As ``gateway.execution.formats.unique_names`` names a result's columns: the second
-    ``id`` is ``id_2``."""
-    seen: dict[str, int] = {}
-    out = []
+    ``id`` is ``id_2``. (Called with known names only; typed as the plan holds them.)"""
+    seen: dict[str | None, int] = {}
+    out: list[str | None] = []
     for name in names:
         seen[name] = seen.get(name, 0) + 1
         out.append(name if seen[name] == 1 else f"{name}_{seen[name]}")
     return tuple(out)
 
 
-def _shown(names, limit: int = 300) -> str:
+def _shown(names: Iterable[object], limit: int = 300) -> str:
     text = ", ".join(map(str, names))
     return text if len(text) <= limit else text[:limit] + " ..."
 
@@ -440,7 +456,7 @@ def _refuse(code: str, message: str) -> GatewayError:
     return forbidden(code, message)
 
 
-def plan(analysis: Analysis, grants: Grants, query_masks=None, *, hash_key: bytes | None = None,
+def plan(analysis: Analysis, grants: Grants | None, query_masks: Any = None, *, hash_key: bytes | None = None,
          server_allows_writes: bool = True) -> CallPlan:
     """Check ``analysis`` against ``grants`` (plus the saved query's own ``query_masks``)
     and compile what each call does. Raises 403 ``GatewayError`` on a refusal."""
@@ -480,7 +496,7 @@ def plan(analysis: Analysis, grants: Grants, query_masks=None, *, hash_key: byte
                           f"or {table}.<column> with an action)")
     cache: dict[str, tuple[str, str] | None] = {}
 
-    def decide(source: str):
+    def decide(source: str) -> tuple[str, str] | None:
         if source not in cache:
             parts = split_qname(source)
             best = None
@@ -517,7 +533,7 @@ def plan(analysis: Analysis, grants: Grants, query_masks=None, *, hash_key: byte
                           f"can be undone piece by piece: select {split_qname(computed)[-1]} as it is (it is "
                           f"then masked), or mask it with null or drop")
         actions.append(action)
-        if action is not None:
+        if action is not None and best is not None:   # an action comes from a best rule
             fired.append({"position": position, "column": column.name, "action": action,
                           "source": best[2], "rule": best[1]})
     # Masks follow names: the result's columns are checked against these on every call.

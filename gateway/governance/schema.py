@@ -14,6 +14,10 @@ view no rule names (and ``allowed_tables`` must list the view itself).
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import psycopg2.extensions
 
 __all__ = ["Schema", "load_schema", "qname", "split_qname"]
 
@@ -81,7 +85,8 @@ class Schema:
     def __init__(self, relations: Mapping[str, Sequence[str]], views: Iterable[str] = (),
                  parents: Mapping[str, Sequence[str]] | None = None,
                  functions: Iterable[str] | None = None, search_path: Sequence[str] | None = None,
-                 operators: Mapping[str, Iterable[str]] | None = None, extension_relations: Iterable[str] = ()):
+                 operators: Mapping[str, Iterable[str]] | None = None,
+                 extension_relations: Iterable[str] = ()) -> None:
         rel: dict[tuple[str, str], tuple[str, ...]] = {}
         for name, columns in relations.items():
             parts = split_qname(name)
@@ -114,13 +119,13 @@ class Schema:
                 "extension_relations": sorted(qname(*r) for r in self.extension_relations)}
 
     @classmethod
-    def from_doc(cls, doc: Mapping) -> "Schema":
+    def from_doc(cls, doc: Mapping) -> Schema:
         return cls(doc["relations"], doc.get("views") or (), doc.get("parents") or None,
                    doc.get("functions"), doc.get("search_path"), doc.get("operators") or None,
                    doc.get("extension_relations") or ())
 
     @classmethod
-    def coerce(cls, value) -> "Schema":
+    def coerce(cls, value: object) -> Schema:
         if isinstance(value, Schema):
             return value
         if isinstance(value, Mapping):
@@ -187,7 +192,7 @@ SELECT n.nspname, c.relname
 """
 
 
-def load_schema(conn, search_path: Sequence[str] | None = None) -> Schema:
+def load_schema(conn: psycopg2.extensions.connection, search_path: Sequence[str] | None = None) -> Schema:
     """The relations (tables, views, materialized views, foreign and partitioned tables, in
     every schema including ``pg_catalog`` and ``information_schema``), inheritance parents,
     user-defined function names, the operators that are not built in (symbol -> function

@@ -1,7 +1,17 @@
 """The one reader of SQL (PostgreSQL's own parser) and the binding of values to it."""
 from .binding import Template, literal
-from .reader import (MAX_DEPTH, MAX_SQL, Statement, paged, parse_tree, placeholders, read, read_positional, shape,
-                     write_op)
+from .reader import (
+    MAX_DEPTH,
+    MAX_SQL,
+    Statement,
+    paged,
+    parse_tree,
+    placeholders,
+    read,
+    read_positional,
+    shape,
+    write_op,
+)
 
 __all__ = ["Statement", "Template", "literal", "read", "read_positional", "paged", "placeholders", "parse_tree",
            "shape", "write_op", "MAX_SQL", "MAX_DEPTH"]

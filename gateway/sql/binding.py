@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from datetime import date, datetime
+from typing import Any
 
 from ..errors import GatewayError, bad_request
 from .reader import Statement, parse_tree, shape
@@ -37,12 +38,13 @@ def _constant(text: str) -> dict:
     return {"A_Const": {"sval": {"sval": text}}}
 
 
-def literal(value, cast: str | None = None) -> tuple[str, dict]:
+def literal(value: Any, cast: str | None = None) -> tuple[str, dict]:
     """SQL text for ``value`` and the parse node PostgreSQL must read from it. Without a
     declared type, a value keeps the type its JSON form has as a SQL literal (text as an
     untyped string, whole numbers as int4/int8/numeric, fractions as numeric)."""
     if isinstance(value, str) and "\x00" in value:
         raise bad_request("param_invalid", "a value contains a NUL character")
+    node: dict
     if value is None:
         text, node = "NULL", {"A_Const": {"isnull": True}}
     elif isinstance(value, bool):
@@ -78,7 +80,7 @@ class Template:
 
     __slots__ = ("_pieces", "_numbers", "_shape", "_casts")
 
-    def __init__(self, statement: Statement, casts: Sequence[str | None] | None = None):
+    def __init__(self, statement: Statement, casts: Sequence[str | None] | None = None) -> None:
         text, pieces, numbers, last = statement.text, [], [], 0
         for offset in statement.params:
             end = offset + 1
@@ -95,11 +97,11 @@ class Template:
 
     def render(self, values: Sequence) -> str:
         """The statement with ``values[n]`` as a literal at each ``$n+1``, checked."""
-        made = [literal(v, c) for v, c in zip(values, self._casts)]
+        made = [literal(v, c) for v, c in zip(values, self._casts, strict=False)]   # short: checked below
         if len(made) != len(self._casts):
             raise bad_request("param_invalid", "a value is missing")
         parts = [self._pieces[0]]
-        for number, piece in zip(self._numbers, self._pieces[1:]):
+        for number, piece in zip(self._numbers, self._pieces[1:], strict=True):
             parts.append(made[number][0])
             parts.append(piece)
         text = "".join(parts)
@@ -114,7 +116,7 @@ class Template:
         return text
 
 
-def _same(template, tree, expected: list) -> bool:
+def _same(template: Any, tree: Any, expected: list) -> bool:
     """Equal trees, except that each ParamRef of the template must be its expected literal."""
     if isinstance(template, dict):
         param = template.get("ParamRef")
@@ -125,5 +127,5 @@ def _same(template, tree, expected: list) -> bool:
         return all(_same(v, tree[k], expected) for k, v in template.items())
     if isinstance(template, list):
         return isinstance(tree, list) and len(tree) == len(template) and \
-            all(_same(a, b, expected) for a, b in zip(template, tree))
+            all(_same(a, b, expected) for a, b in zip(template, tree, strict=True))
     return template == tree

@@ -15,7 +15,9 @@ text exactly as it is read here.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import orjson
 from pglast import parser as pg
@@ -58,24 +60,26 @@ class Statement:
     tree: dict                       # the parse tree (JSON form) of the statement
 
 
-def _tokens(sql: str):
+def _tokens(sql: str) -> list[pg.Token]:
     try:
         return pg.scan(sql)
     except pg.ParseError as error:
         raise _invalid(f"cannot read the statement: {error.args[0]}") from None
 
 
-def _source(sql: str, token) -> str:
+def _source(sql: str, token: pg.Token) -> str:
     return sql[token.start:token.end + 1]
 
 
-def _check_text(sql) -> None:
+def _check_text(sql: object) -> str:
+    """``sql`` (a body's field: anything), checked to be statement text."""
     if not isinstance(sql, str) or not sql.strip():
         raise bad_request("invalid_body", "sql must be a non-empty string", errors={"sql": "is required"})
     if len(sql) > MAX_SQL:
         raise _invalid(f"sql is longer than {MAX_SQL} characters")
     if "\x00" in sql:
         raise _invalid("sql contains a NUL character")
+    return sql
 
 
 def placeholders(sql: str) -> list[str]:
@@ -84,7 +88,7 @@ def placeholders(sql: str) -> list[str]:
     return [name for _, _, name in _placeholders(sql, _tokens(sql))]
 
 
-def _placeholders(sql: str, tokens) -> list[tuple[int, int, str]]:
+def _placeholders(sql: str, tokens: Sequence[pg.Token]) -> list[tuple[int, int, str]]:
     """(start, end, name) of each ``:name``: a ':' token directly followed, with nothing
     between, by a word token. Everything inside strings, comments and quoted identifiers is
     a single token to PostgreSQL's lexer, so it can never be taken for a placeholder."""
@@ -99,10 +103,11 @@ def _placeholders(sql: str, tokens) -> list[tuple[int, int, str]]:
     return found
 
 
-def read(sql: str, declared: frozenset[str] | None = None) -> Statement:
-    """Read one saved or ad-hoc statement. ``declared`` names the parameters a saved query
-    declares (None: an ad-hoc statement, whose placeholders are its parameters)."""
-    _check_text(sql)
+def read(sql: object, declared: frozenset[str] | None = None) -> Statement:
+    """Read one saved or ad-hoc statement (``sql`` as a body gave it: anything not text is
+    refused). ``declared`` names the parameters a saved query declares (None: an ad-hoc
+    statement, whose placeholders are its parameters)."""
+    sql = _check_text(sql)
     tokens = _tokens(sql)
     _check_depth(tokens)
     if any(t.name == "PARAM" for t in tokens):
@@ -150,7 +155,7 @@ def read_positional(text: str, order: tuple[str, ...] = (), offsets: tuple[int, 
                      _relations(tree), tree)
 
 
-def _statement_end(tokens) -> int:
+def _statement_end(tokens: Iterable[pg.Token]) -> int:
     """Where the first statement's last token ends; a second statement is refused."""
     end, closed = 0, False
     for token in tokens:
@@ -167,7 +172,7 @@ def _statement_end(tokens) -> int:
     return end
 
 
-def _check_depth(tokens) -> None:
+def _check_depth(tokens: Iterable[pg.Token]) -> None:
     depth = 0
     for token in tokens:
         if token.name in _OPENERS:
@@ -236,7 +241,9 @@ def paged(statement: Statement) -> Statement:
 
 
 # --- walking the tree (iteratively: a deep tree must not exhaust the stack) ---------------
-def _nodes(tree):
+def nodes(tree: Any) -> Iterator[dict]:
+    """Every node (dict) of a parse tree, without recursion: a deep tree must not exhaust
+    the stack."""
     stack = [tree]
     while stack:
         item = stack.pop()
@@ -247,27 +254,27 @@ def _nodes(tree):
             stack.extend(item)
 
 
-def _contains(tree, keys: frozenset) -> bool:
-    return any(not keys.isdisjoint(node) for node in _nodes(tree))
+def _contains(tree: Any, keys: frozenset) -> bool:
+    return any(not keys.isdisjoint(node) for node in nodes(tree))
 
 
-def _param_locations(tree) -> list[int]:
-    return [node["ParamRef"].get("location", -1) for node in _nodes(tree) if "ParamRef" in node]
+def _param_locations(tree: Any) -> list[int]:
+    return [node["ParamRef"].get("location", -1) for node in nodes(tree) if "ParamRef" in node]
 
 
-def _byte_offsets(text: str, offsets) -> list[int]:
+def _byte_offsets(text: str, offsets: Iterable[int]) -> list[int]:
     if text.isascii():
         return list(offsets)
     return [len(text[:o].encode()) for o in offsets]
 
 
-def _names(parts) -> list[str]:
+def _names(parts: Iterable[dict]) -> list[str]:
     return [p["String"]["sval"] for p in parts if "String" in p]
 
 
-def _calls(tree) -> frozenset[str]:
+def _calls(tree: Any) -> frozenset[str]:
     calls = set()
-    for node in _nodes(tree):
+    for node in nodes(tree):
         call = node.get("FuncCall")
         if call is not None:
             names = _names(call.get("funcname", ()))
@@ -277,9 +284,9 @@ def _calls(tree) -> frozenset[str]:
     return frozenset(calls)
 
 
-def _relations(tree) -> frozenset[str]:
+def _relations(tree: Any) -> frozenset[str]:
     found = set()
-    for node in _nodes(tree):
+    for node in nodes(tree):
         rel = node.get("RangeVar")
         if rel is not None:
             name = rel.get("relname", "")
@@ -296,7 +303,7 @@ def fold(word: str) -> str:
 _ASCII_LOWER = str.maketrans("ABCDEFGHIJKLMNOPQRSTUVWXYZ", "abcdefghijklmnopqrstuvwxyz")
 
 
-def _words(text: str, tokens) -> tuple[tuple[str, str], ...]:
+def _words(text: str, tokens: Iterable[pg.Token]) -> tuple[tuple[str, str], ...]:
     words = []
     for token in tokens:
         if token.name in ("UIDENT", "USCONST"):
@@ -320,7 +327,7 @@ def words_of(text: str) -> tuple[tuple[str, str], ...]:
 _POSITION_KEYS = frozenset(("location", "stmt_location", "stmt_len"))
 
 
-def shape(tree):
+def shape(tree: Any) -> Any:
     """The tree with every source position removed: two statements with the same shape
     differ only in layout (spaces, comments)."""
     if isinstance(tree, dict):
@@ -330,9 +337,9 @@ def shape(tree):
     return tree
 
 
-def dumps(tree) -> bytes:
+def dumps(tree: Any) -> bytes:
     return orjson.dumps(tree)
 
 
-def loads(doc):
+def loads(doc: bytes | str) -> Any:
     return orjson.loads(doc)

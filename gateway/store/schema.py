@@ -7,6 +7,11 @@ that has shipped, add the next.
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import psycopg2.extensions
+
 MIGRATIONS: list[str] = [
     # 1: connections, saved queries with versions, API keys, run history
     """
@@ -100,7 +105,7 @@ MIGRATIONS: list[str] = [
 _LOCK_ID = 0x6777_6669  # "gwfi": any constant shared by every process of the fleet
 
 
-def migrate(conn) -> int:
+def migrate(conn: psycopg2.extensions.connection) -> int:
     """Bring the store up to date; returns the schema version. Safe to call concurrently."""
     old_autocommit = conn.autocommit
     conn.autocommit = False

@@ -24,10 +24,10 @@
 # -q RATE --latency-correction -c OPEN_CONNECTIONS -z OPEN_DURATION, OPEN_ROUNDS rounds, rates rotated each round.
 # `--latency-correction` measures each request from when it should have been sent, so a slow answer does not hide
 # the queue behind it (coordinated omission). Requests still in flight at the end of -z are aborted by oha and
-# counted neither way (loadtests/oha/collect.py).
+# counted neither way (loadtests/blocks/oha/run.py).
 #
 # Output: OUT/<mode>-<scenario>-<n>.json (oha's JSON), OUT/runs.tsv (one line per run) and OUT/settings.env;
-#   .venv/bin/python -m loadtests.oha.collect OUT     # -> OUT/results.jsonl, results.md, openloop.png
+#   .venv/bin/python -m loadtests.bench oha OUT       # -> OUT/results.jsonl, results.md, openloop.png
 set -eu
 
 HERE=${0%/*}
@@ -129,7 +129,7 @@ if [ "$DRY_RUN" = 1 ]; then
     OHA_VERSION="(dry run)"
 else
     command -v "$OHA" >/dev/null 2>&1 || die "oha not found (OHA=$OHA). Locally: closed loop with wrk \
-(python -m loadtests.bench), open loop with python -m loadtests.oha.openloop"
+(python -m loadtests.bench), open loop with python -m loadtests.bench openloop"
     _help=$("$OHA" --help 2>&1 || true)
     case "$_help" in
         *--output-format*) FORMAT="--output-format json" ;;
@@ -234,4 +234,4 @@ case " $MODES " in *" open "*)
 ;; esac
 
 if [ "$FLOOR" != 0 ]; then scenario health; run floor health after "$CONNECTIONS" "" "" "$FLOOR"; fi
-say "done: $OUT (python -m loadtests.oha.collect $OUT makes results.jsonl, results.md and the plots)"
+say "done: $OUT (python -m loadtests.bench oha $OUT makes results.jsonl, results.md and the plots)"

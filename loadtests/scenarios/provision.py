@@ -11,7 +11,7 @@ Two data connections, each reused when it exists (``fleet up`` and ``fleet seed`
 - the reads' (default name ``demo``, LOADTEST_CONNECTION to change it), otherwise created from GATEWAY_DEMO_PG_HOST /
   _PORT / _DATABASE, GATEWAY_DEMO_PG_USER (default ``demo_reader``) and GATEWAY_DEMO_PG_PASSWORD;
 - the write's, ``deposit``'s (default name ``demo_writer``, LOADTEST_WRITE_CONNECTION to change it): a role that may
-  only run the deposit (``demo_writer``: SELECT (aid, abalance), UPDATE (abalance) ON pgbench_accounts; fleet/demo.py),
+  only run the deposit (``demo_writer``: SELECT (aid, abalance), UPDATE (abalance) ON pgbench_accounts; fleet/local/demo.py),
   otherwise created from the same host, port and database, GATEWAY_DEMO_WRITER_PG_USER (default ``demo_writer``) and
   GATEWAY_DEMO_WRITER_PG_PASSWORD.
 
@@ -48,7 +48,7 @@ import os
 import sys
 from pathlib import Path
 
-from fleet.seed import Api
+from fleet.local.seed import Api
 
 CONNECTION = os.environ.get('LOADTEST_CONNECTION', 'demo')
 WRITE_CONNECTION = os.environ.get('LOADTEST_WRITE_CONNECTION', 'demo_writer')
@@ -153,7 +153,7 @@ def connection_body(name: str = CONNECTION, writer: bool = False) -> dict:
     return {'name': name, 'db': 'postgres', 'host': host, 'port': int(env.get('GATEWAY_DEMO_PG_PORT', '5432')),
             'database': env.get('GATEWAY_DEMO_PG_DATABASE', 'demo'),
             'user': env.get(f'{prefix}_USER', 'demo_writer' if writer else 'demo_reader'),
-            'password': env.get(f'{prefix}_PASSWORD') or '${%s_PASSWORD}' % prefix, 'active': True}
+            'password': env.get(f'{prefix}_PASSWORD') or f'${{{prefix}_PASSWORD}}', 'active': True}
 
 
 def _expect(what: str, status: int, body, ok=(200, 201)):

@@ -1,0 +1,36 @@
+"""The composition root and WSGI entry point: ``fleet.app:create_app()``.
+
+    gunicorn -c fleet/gunicorn_conf.py 'fleet.app:create_app()'
+
+It picks the implementations of the gateway's ports (``gateway.ports``) from the settings:
+with ``GATEWAY_REDIS_URL``, the fleet's (``RedisBus``, ``LeasedAdmission`` unless
+``GATEWAY_ADMISSION=off``, ``RedisEvents`` unless ``GATEWAY_EVENTS=off``); without it, the
+in-process ones. This is the one place that knows both sides.
+"""
+from __future__ import annotations
+
+from gateway.app import GatewayApp, Ports, build_app, worker_name
+from gateway.ports import AdmitAll, LocalSync, Sync
+from gateway.settings import Settings
+
+from .bus import RedisBus
+from .events import RedisEvents
+from .leases import LeasedAdmission
+
+
+def ports_for(settings: Settings, sync: Sync | None = None) -> Ports:
+    if not settings.redis_url:
+        return Ports(sync=sync or LocalSync())
+    sync = sync or RedisBus(settings.redis_url, settings.freshness_lease_ms, settings.bus_ping_ms,
+                            settings.sync_timeout_ms)
+    admission = AdmitAll() if settings.admission == "off" else \
+        LeasedAdmission(settings.redis_url, settings, workers_hint=lambda: sync.live_workers)
+    events = RedisEvents(settings.redis_url, settings.events_maxlen, settings.events_max_streams,
+                         worker_name()) if settings.events else None
+    return Ports(sync=sync, admission=admission, events=events)
+
+
+def create_app(settings: Settings | None = None, sync: Sync | None = None) -> GatewayApp:
+    """The gateway with the fleet's ports (``sync``: a test may bring its own)."""
+    settings = settings or Settings.from_env()
+    return build_app(settings, ports_for(settings, sync))

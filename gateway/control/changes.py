@@ -1,0 +1,81 @@
+"""The control plane's plumbing: a store transaction, and a change (one transaction that
+also bumps the catalog generation and writes the audit entry, then tells the fleet and
+returns once no worker serves the old state)."""
+from __future__ import annotations
+
+import contextvars
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING
+
+import psycopg2
+import psycopg2.extras
+import psycopg2.pool
+
+from ..errors import unavailable
+from ..store import statements as store
+
+if TYPE_CHECKING:
+    from ..ports import Sync
+
+
+class Actor:
+    """Who is making a management change (set per request by the management resources)."""
+
+    __slots__ = ("name", "ip", "request_id")
+
+    def __init__(self, name: str = "system", ip: str | None = None, request_id: str | None = None) -> None:
+        self.name = name
+        self.ip = ip
+        self.request_id = request_id
+
+
+# The default actor is shared by every context that set none: it is only read, never changed.
+ACTOR: contextvars.ContextVar[Actor] = contextvars.ContextVar("gateway_actor", default=Actor())  # noqa: B039
+
+
+class Changes:
+    def __init__(self, store_pool: psycopg2.pool.AbstractConnectionPool, sync: Sync,
+                 on_change: Callable[[dict], object] | None = None) -> None:
+        self._pool = store_pool
+        self._sync = sync
+        self._on_change = on_change     # live events: called with each committed change
+        self.last_sync: dict = {}
+
+    @contextmanager
+    def cursor(self) -> Iterator[store.Cursor]:
+        """One short store transaction (committed at the end, rolled back on error)."""
+        try:
+            conn = self._pool.getconn()
+        except (psycopg2.Error, psycopg2.pool.PoolError):
+            raise unavailable("store_unavailable", "the gateway's store cannot be reached") from None
+        broken = False
+        try:
+            with conn.cursor(cursor_factory=psycopg2.extras.RealDictCursor) as cur:
+                yield cur
+            conn.commit()
+        except psycopg2.OperationalError:
+            broken = True
+            raise unavailable("store_unavailable", "the gateway's store cannot be reached") from None
+        except BaseException:
+            if not conn.closed:
+                conn.rollback()
+            raise
+        finally:
+            self._pool.putconn(conn, close=broken or bool(conn.closed))
+
+    @contextmanager
+    def change(self, action: str, kind: str, name: str) -> Iterator[store.Cursor]:
+        """A write transaction that bumps the generation and records the audit entry (who,
+        what, before, after) in the same commit; announces to the fleet after it."""
+        with self.cursor() as cur:
+            before = store.snapshot(cur, kind, name)
+            yield cur
+            after = store.snapshot(cur, kind, name)
+            generation = store.bump_generation(cur)
+            who = ACTOR.get()
+            store.insert_audit(cur, who, action, kind, name, before, after, generation)
+        self.last_sync = self._sync.announce(generation)
+        if self._on_change is not None:
+            self._on_change({"action": action, "kind": kind, "name": name, "generation": generation,
+                             "actor": who.name, "request_id": who.request_id})

@@ -1,0 +1,205 @@
+"""Saved queries and their versions. A version is read by PostgreSQL's parser and analysed
+against its connection's schema first, outside any write transaction (reading a schema and
+running the analysis can take a while; no lock is held meanwhile); then one short
+transaction stores it, after checking that the connection is still the one analysed against."""
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import psycopg2.errors
+import psycopg2.extras
+
+from .. import sql
+from ..errors import GatewayError, bad_request, conflict, not_found
+from ..governance import Analysis, analyze, compile_masks
+from ..model.catalog import Connection
+from ..model.params import compile_specs
+from ..store import statements as store
+from .changes import Changes
+from .validate import iso, require_fields, str_list, valid_name
+
+if TYPE_CHECKING:
+    from ..governance.schema_cache import SchemaCache
+    from ..settings import Settings
+
+FIELDS = {"name", "connection_name", "sql", "parameters", "publish", "description", "tags",
+          "max_affected_rows", "mask"}
+_ATTEMPTS = 3
+
+
+class _Moved(Exception):
+    """The connection changed between the analysis and the write."""
+
+
+class Queries:
+    def __init__(self, changes: Changes, settings: Settings, schemas: SchemaCache) -> None:
+        self._changes = changes
+        self._settings = settings
+        self._schemas = schemas
+
+    # --- a version, checked and analysed before any write ---------------------------------
+    def _version(self, body: dict) -> tuple[dict, dict]:
+        """The version's stored values and the connection row it was analysed against."""
+        require_fields(body, FIELDS)
+        connection_name = body.get("connection_name")
+        if not isinstance(connection_name, str):
+            raise bad_request("invalid_body", "connection_name is required", errors={"connection_name": "is required"})
+        with self._changes.cursor() as cur:
+            row = store.connection(cur, connection_name)
+        if row is None:
+            raise not_found("connection_not_found", f"connection '{connection_name}' not found")
+        specs = compile_specs(body.get("parameters"))
+        text = sql.read(body.get("sql"), frozenset(s.name for s in specs))
+        masks = body.get("mask")
+        compile_masks(masks)  # checked now; applied per key at plan time
+        governance = self._analyze(Connection(row), text)   # fails closed with its code
+        description = body.get("description") or ""
+        if not isinstance(description, str):
+            raise bad_request("invalid_body", "description must be a string",
+                              errors={"description": "must be a string"})
+        if "publish" in body and not isinstance(body["publish"], bool):
+            raise bad_request("invalid_body", "publish must be true or false",
+                              errors={"publish": "must be true or false"})
+        extra: dict[str, Any] = {"analysis": {"positional": text.text, "order": list(text.order), "kind": text.kind},
+                                 "governance": governance.to_doc()}
+        if masks:
+            extra["mask"] = masks
+        max_rows = body.get("max_affected_rows")
+        if max_rows is not None:
+            if isinstance(max_rows, bool) or not isinstance(max_rows, int) or max_rows < 0:
+                raise bad_request("invalid_body", "max_affected_rows must be a non-negative integer",
+                                  errors={"max_affected_rows": "must be a non-negative integer"})
+            extra["max_affected_rows"] = max_rows
+        values = {"connection_id": row["id"], "sql": body["sql"],
+                  "parameters": psycopg2.extras.Json({s.name: s.to_doc() for s in specs}),
+                  "description": description, "tags": psycopg2.extras.Json(str_list(body, "tags")),
+                  "extra": psycopg2.extras.Json(extra)}
+        return values, row
+
+    def _analyze(self, connection: Connection, statement: sql.Statement) -> Analysis:
+        """Save-time analysis against the connection's schema, read afresh."""
+        settings = self._settings
+        return analyze(statement, self._schemas.fresh(connection), settings.search_path_tuple(),
+                       denied_functions=settings.denied_functions(),
+                       allowed_functions=settings.allowed_functions(),
+                       allowed_catalog_relations=settings.allowed_catalog_relations())
+
+    def _saved(self, action: str, name: str, body: dict, write: Callable[[store.Cursor, dict], None]) -> None:
+        """Analyse, then store in one short transaction; if the connection changed in
+        between, analyse again (the analysis must be against what is stored)."""
+        for _ in range(_ATTEMPTS):
+            values, analysed = self._version(body)
+            try:
+                with self._changes.change(action, "query", name) as cur:
+                    current = store.connection(cur, analysed["name"])
+                    if current is None or current["id"] != analysed["id"] or \
+                            current["updated_at"] != analysed["updated_at"]:
+                        raise _Moved   # rolls the transaction back: no generation, no audit entry
+                    write(cur, values)
+                return
+            except _Moved:
+                continue
+        raise GatewayError(409, "concurrent_change", f"connection '{analysed['name']}' kept changing while the "
+                           "query was analysed; retry")
+
+    # --- changes --------------------------------------------------------------------------
+    def create(self, body: dict) -> dict:
+        name = valid_name(body, "query")
+        publish = body.get("publish") is True
+
+        def write(cur, values):
+            query_id = store.insert_query(cur, name)
+            self._insert_version(cur, query_id, 1, values, publish)
+        try:
+            self._saved("create", name, body, write)
+        except psycopg2.errors.UniqueViolation:
+            raise conflict("query_exists", f"query '{name}' already exists") from None
+        return self.get(name)
+
+    def add_version(self, name: str, body: dict) -> dict:
+        body = dict(body)
+        if body.setdefault("name", name) != name:
+            raise bad_request("invalid_body", "the body's name differs from the URL's", errors={"name": "must match"})
+        with self._changes.cursor() as cur:
+            self._row(cur, name)      # a missing query answers 404 before any analysis
+
+        def write(cur, values):
+            query = self._row(cur, name, lock=True)
+            self._insert_version(cur, query["id"], store.last_version(cur, query["id"]) + 1, values,
+                                 body.get("publish") is True)
+        self._saved("add_version", name, body, write)
+        return self.get(name)
+
+    @staticmethod
+    def _insert_version(cur: store.Cursor, query_id: int, version: int, values: dict, publish: bool) -> None:
+        store.insert_version(cur, dict(values, query_id=query_id, version=version), publish)
+        if publish:
+            store.serve_version(cur, query_id, version)
+
+    def publish(self, name: str, body: dict) -> dict:
+        version = body.get("version")
+        with self._changes.change("publish", "query", name) as cur:
+            query = self._row(cur, name, lock=True)
+            if version is None:
+                version = store.last_version(cur, query["id"])
+            if isinstance(version, bool) or not isinstance(version, int):
+                raise bad_request("invalid_body", "version must be an integer",
+                                  errors={"version": "must be an integer"})
+            if not store.mark_published(cur, query["id"], version):
+                raise not_found("version_not_found", f"query '{name}' has no version {version}")
+            store.serve_version(cur, query["id"], version)
+        return self.get(name)
+
+    def unpublish(self, name: str) -> dict:
+        with self._changes.change("unpublish", "query", name) as cur:
+            store.serve_version(cur, self._row(cur, name, lock=True)["id"], None)
+        return self.get(name)
+
+    def delete(self, name: str) -> None:
+        with self._changes.change("delete", "query", name) as cur:
+            if not store.delete_query(cur, name):
+                raise not_found("query_not_found", f"query '{name}' not found")
+
+    # --- reads ----------------------------------------------------------------------------
+    @staticmethod
+    def _row(cur: store.Cursor, name: str, lock: bool = False) -> dict:
+        row = store.query(cur, name, lock)
+        if row is None:
+            raise not_found("query_not_found", f"query '{name}' not found")
+        return row
+
+    @staticmethod
+    def _doc(query: dict, versions: list[dict], detail: bool) -> dict:
+        latest = versions[-1] if versions else {}
+        published = query["published_version"]
+        shown = next((v for v in versions if v["version"] == published), latest)
+        doc = {"name": query["name"], "description": shown.get("description", ""), "query_type": "sql",
+               "connection_name": shown.get("connection_name"), "tags": shown.get("tags", []),
+               "published_version": published, "latest_version": latest.get("version"),
+               "has_draft": (latest.get("version") or 0) > (published or 0), "version_count": len(versions),
+               "endpoint": f"/q/{query['name']}", "created_at": iso(query["created_at"]),
+               "updated_at": iso(query["updated_at"])}
+        if detail:
+            doc["versions"] = [{"version": v["version"], "connection_name": v["connection_name"], "sql": v["sql"],
+                                "parameters": v["parameters"], "description": v["description"],
+                                "tags": v["tags"], "kind": v["extra"]["analysis"]["kind"],
+                                "max_affected_rows": v["extra"].get("max_affected_rows"),
+                                "status": "published" if v["version"] == published else
+                                ("draft" if v["published_at"] is None else "previously_published"),
+                                "published_at": iso(v["published_at"]), "created_at": iso(v["created_at"])}
+                               for v in versions]
+        return doc
+
+    def get(self, name: str) -> dict:
+        with self._changes.cursor() as cur:
+            query = self._row(cur, name)
+            return self._doc(query, store.versions_of(cur, query["id"]), detail=True)
+
+    def list(self) -> dict:
+        with self._changes.cursor() as cur:
+            queries = store.queries(cur)
+            by_query: dict[int, list] = {}
+            for v in store.all_versions(cur):
+                by_query.setdefault(v["query_id"], []).append(v)
+        return {"items": [self._doc(q, by_query.get(q["id"], []), detail=False) for q in queries]}

@@ -1,0 +1,96 @@
+"""The data databases' schemas, for the analysis (``gateway.governance``).
+
+Saving a query reads its connection's schema afresh (a management call may wait for it; a
+call of a saved query never does: its analysis was stored with it). Ad-hoc statements use the copy
+each worker keeps: read in the background when the worker starts and when a change brings a
+new or changed connection, refreshed in the background once older than ``ttl_s``; only a
+statement that arrives before the first read has finished waits for it.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
+
+import psycopg2
+
+from ..errors import unavailable
+from .schema import Schema, load_schema
+
+if TYPE_CHECKING:
+    from ..crypto import PasswordBox
+    from ..model.catalog import Connection
+    from ..settings import Settings
+
+log = logging.getLogger("gateway.schemas")
+
+
+class SchemaCache:
+    def __init__(self, settings: Settings, password_box: PasswordBox, ttl_s: float = 30.0) -> None:
+        self._settings = settings
+        self._box = password_box
+        self._ttl_s = ttl_s
+        self._schemas: dict[tuple, tuple[float, Schema]] = {}
+        self._lock = threading.Lock()
+        self._loading: set = set()
+
+    def _load(self, connection: Connection) -> Schema:
+        try:
+            conn = psycopg2.connect(host=connection.host, port=connection.port, dbname=connection.database,
+                                    user=connection.username, password=self._box.open(connection.password) or None,
+                                    connect_timeout=self._settings.connect_timeout_s,
+                                    application_name="gateway-fleet-schema",
+                                    options=f"-c search_path={self._settings.search_path.replace(' ', '')}")
+        except psycopg2.OperationalError:
+            raise unavailable("database_unavailable", f"connection '{connection.name}' cannot be reached to "
+                              "read its schema") from None
+        try:
+            conn.set_session(readonly=True, autocommit=True)
+            schema = load_schema(conn, self._settings.search_path_tuple())
+        finally:
+            conn.close()
+        with self._lock:
+            self._schemas[connection.identity] = (time.monotonic(), schema)
+        return schema
+
+    def fresh(self, connection: Connection) -> Schema:
+        """For saving a query: read now. A table or function created a moment ago must be
+        seen (a user-defined function missed here would pass as a built-in one)."""
+        return self._load(connection)
+
+    def warm(self, connections: Iterable[Connection]) -> None:
+        """In the background: read the schema of every active connection this worker has no
+        copy of yet (at start, and after a change brings a new or changed connection), so
+        an ad-hoc statement does not wait for it."""
+        missing = [c for c in connections if c.active and c.identity not in self._schemas
+                   and c.identity not in self._loading]
+        if not missing:
+            return
+        self._loading.update(c.identity for c in missing)
+
+        def run():
+            for connection in missing:
+                self._reload_behind(connection)
+        threading.Thread(target=run, name="gateway-schemas", daemon=True).start()
+
+    def for_adhoc(self, connection: Connection) -> Schema:
+        """For an ad-hoc statement: the worker's copy. Only the first statement on a
+        connection waits for it; a stale copy is served while a fresh one loads behind."""
+        held = self._schemas.get(connection.identity)
+        if held is None:
+            return self._load(connection)
+        if time.monotonic() - held[0] >= self._ttl_s and connection.identity not in self._loading:
+            self._loading.add(connection.identity)
+            threading.Thread(target=self._reload_behind, args=(connection,), name="gateway-schema",
+                             daemon=True).start()
+        return held[1]
+
+    def _reload_behind(self, connection: Connection) -> None:
+        try:
+            self._load(connection)
+        except Exception as exc:  # unreachable: keep serving the copy we have
+            log.warning("schema of connection %s not refreshed: %s", connection.name, exc)
+        finally:
+            self._loading.discard(connection.identity)

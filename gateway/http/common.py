@@ -1,0 +1,75 @@
+"""What every resource shares: request ids, JSON bodies, the admin check."""
+from __future__ import annotations
+
+import hmac
+import itertools
+import os
+from collections.abc import Mapping
+
+import falcon
+import orjson
+
+from ..errors import GatewayError, bad_request, unauthorized
+
+# Unique per worker without a syscall per request: a random process prefix (drawn at import,
+# which happens after the fork: the app is never preloaded) and a counter.
+_PREFIX = os.urandom(4).hex()
+_COUNTER = itertools.count(1)
+
+
+def request_id(req: falcon.Request) -> str:
+    rid = req.context.get("request_id")
+    if rid is None:
+        rid = req.context["request_id"] = f"{_PREFIX}-{next(_COUNTER):x}"
+    return rid
+
+
+def client_ip(env: Mapping[str, str], trusted_hops: int) -> str:
+    """The caller's address: the socket's peer, or the address ``trusted_hops`` proxies
+    back in ``X-Forwarded-For`` (entries further left are the client's to forge)."""
+    if trusted_hops:
+        forwarded = env.get("HTTP_X_FORWARDED_FOR")
+        if forwarded:
+            hops = forwarded.split(",")
+            return hops[-min(trusted_hops, len(hops))].strip()
+    return env.get("REMOTE_ADDR", "")
+
+
+def read_json(req: falcon.Request, max_bytes: int) -> dict:
+    length = req.content_length
+    if length is not None and length > max_bytes:
+        raise GatewayError(413, "payload_too_large", f"the body is larger than {max_bytes} bytes")
+    ctype = (req.content_type or "application/json").split(";", 1)[0].strip().lower()
+    if ctype != "application/json":
+        raise GatewayError(415, "unsupported_media_type", "the body must be application/json")
+    if length is None and req.env.get("wsgi.input_terminated"):
+        # A chunked body has no Content-Length (bounded_stream would read nothing); the
+        # server marks where it ends, so read it up to the limit.
+        raw = req.stream.read(max_bytes + 1)
+    else:
+        raw = req.bounded_stream.read(max_bytes + 1)
+    if len(raw) > max_bytes:
+        raise GatewayError(413, "payload_too_large", f"the body is larger than {max_bytes} bytes")
+    if not raw.strip():
+        return {}
+    try:
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        raise bad_request("invalid_body", "the body is not valid JSON") from None
+    if not isinstance(body, dict):
+        raise bad_request("invalid_body", "the body must be a JSON object")
+    return body
+
+
+class AdminCheck:
+    """Constant-time comparison of ``X-API-Key`` with the admin key."""
+
+    __slots__ = ("_expected",)
+
+    def __init__(self, admin_key: str) -> None:
+        self._expected = admin_key.encode() if admin_key else None
+
+    def __call__(self, req: falcon.Request) -> None:
+        given = req.env.get("HTTP_X_API_KEY", "")
+        if self._expected is None or not hmac.compare_digest(given.encode(), self._expected):
+            raise unauthorized("the Management API needs the admin key in X-API-Key")

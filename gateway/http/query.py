@@ -1,0 +1,54 @@
+"""``GET /q/<name>`` and ``POST /q/<name>``: a saved query, through the call pipeline.
+
+The resource only reads the request (query string or JSON body); every rule is the
+pipeline's (``gateway.pipeline``). Per call: no store read, no lock shared with other
+requests beyond the pool's, no logging.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from ..errors import bad_request
+from ..pipeline import RESERVED, CallArgs, SavedCall, split_reserved
+from .common import client_ip, read_json, request_id
+
+if TYPE_CHECKING:
+    import falcon
+
+    from ..pipeline import Pipeline
+    from ..settings import Settings
+
+
+class QueryResource:
+    __slots__ = ("_pipeline", "_settings", "_hops", "_defaults")
+
+    def __init__(self, pipeline: Pipeline, settings: Settings) -> None:
+        self._pipeline = pipeline
+        self._settings = settings
+        self._hops = settings.trust_proxy
+        self._defaults = CallArgs({}, settings)  # most calls pass no reserved argument: parse once
+
+    def on_get(self, req: falcon.Request, resp: falcon.Response, name: str) -> None:
+        params, reserved = split_reserved(req.params)
+        for key, value in reserved.items():
+            if isinstance(value, list):
+                code = "invalid_body" if key == "format" else f"invalid_{'paging' if 'page' in key else key}"
+                raise bad_request(code, f"{key} was given more than once")
+        self._run(req, resp, SavedCall(name, params, reserved, True, self._settings, self._defaults))
+
+    def on_post(self, req: falcon.Request, resp: falcon.Response, name: str) -> None:
+        body = read_json(req, self._settings.max_body_bytes)
+        params = body.get("params", {})
+        if not isinstance(params, dict):
+            raise bad_request("invalid_body", "params must be an object", errors={"params": "must be an object"})
+        reserved = {k: v for k, v in req.params.items() if k in RESERVED}
+        reserved.update((k, body[k]) for k in RESERVED if k in body)
+        unknown = set(body) - RESERVED - {"params"}
+        if unknown:
+            raise bad_request("invalid_body", f"unknown field(s): {', '.join(sorted(unknown))}")
+        self._run(req, resp, SavedCall(name, params, reserved, False, self._settings, self._defaults))
+
+    def _run(self, req: falcon.Request, resp: falcon.Response, call: SavedCall) -> None:
+        env = req.env
+        self._pipeline.run(resp, call, request_id=request_id(req), ip=client_ip(env, self._hops),
+                           secret=env.get("HTTP_X_API_KEY"))

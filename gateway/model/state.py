@@ -1,0 +1,103 @@
+"""The worker's current catalog and how far it may be trusted.
+
+The bus (``fleet.bus``) renews a freshness lease each time it hears from Redis. While the
+lease holds, a request reads ``holder.catalog`` with no I/O at all. When the lease has run
+out (the bus is down or slow), a request first asks the store for the catalog's generation
+(one small read) and reloads if it moved, so a worker cut off from the bus never serves a
+definition older than the last management call that returned.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+
+import psycopg2
+import psycopg2.extensions
+
+from ..errors import unavailable
+from . import catalog as catalog_mod
+
+log = logging.getLogger("gateway.state")
+
+
+
+class CatalogHolder:
+    __slots__ = ("catalog", "fresh_until", "reloads", "_connect", "_conn", "_lock", "_on_reload")
+
+    def __init__(self, connect: Callable[[], psycopg2.extensions.connection],
+                 on_reload: Callable[[catalog_mod.Catalog, catalog_mod.Catalog], object] | None = None) -> None:
+        self.catalog = catalog_mod.Catalog.empty()
+        self.fresh_until = 0.0
+        self.reloads = 0
+        self._connect = connect
+        self._conn: psycopg2.extensions.connection | None = None
+        self._lock = threading.Lock()
+        self._on_reload = on_reload
+
+    # --- hot path --------------------------------------------------------------------------
+    def current(self) -> catalog_mod.Catalog:
+        if time.monotonic() < self.fresh_until:
+            return self.catalog
+        return self._revalidate()
+
+    # --- control plane ---------------------------------------------------------------------
+    def renew(self, until: float) -> None:
+        self.fresh_until = until
+
+    def distrust(self) -> None:
+        self.fresh_until = 0.0
+
+    def reload(self, at_least: int = 0) -> int:
+        """Bring the catalog up to date and return the generation now served.
+
+        ``at_least`` (the bus announced that generation): load at once, unless already
+        there. Without it (a worker checking on its own): read the store's generation
+        first and load only if it moved (one small read when nothing changed)."""
+        with self._lock:
+            if at_least and self.catalog.generation >= at_least:
+                return self.catalog.generation
+            try:
+                conn = self._store()
+                if not at_least and self.reloads:
+                    with conn.cursor() as cur:
+                        cur.execute("SELECT generation FROM gw_catalog_state")
+                        if cur.fetchone()[0] == self.catalog.generation:
+                            return self.catalog.generation
+                self._swap(catalog_mod.load(conn))
+                return self.catalog.generation
+            except psycopg2.Error:
+                self._drop_store()
+                raise
+
+    def _swap(self, new: catalog_mod.Catalog) -> None:
+        old, self.catalog = self.catalog, new
+        self.reloads += 1
+        if self._on_reload is not None:
+            self._on_reload(old, new)
+
+    def _revalidate(self) -> catalog_mod.Catalog:
+        try:
+            self.reload()
+        except psycopg2.Error:
+            raise unavailable("catalog_stale", "this worker cannot confirm its catalog is current") from None
+        return self.catalog
+
+    def _store(self) -> psycopg2.extensions.connection:
+        if self._conn is None or self._conn.closed:
+            self._conn = self._connect()
+            self._conn.autocommit = True
+        return self._conn
+
+    def _drop_store(self) -> None:
+        if self._conn is not None:
+            try:
+                self._conn.close()
+            except Exception:
+                pass
+        self._conn = None
+
+    def close(self) -> None:
+        with self._lock:
+            self._drop_store()

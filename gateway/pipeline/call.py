@@ -1,0 +1,124 @@
+"""The call pipeline: the named stages every entry point goes through, so that a rule is
+enforced in exactly one place.
+
+    1 identify   X-API-Key -> the key's record in the worker's catalog        (identify.py)
+    2 admit      the client IP's rate limit; then the key's limits and quota  (ports.Admission)
+    3 plan       what runs (the entry point's ``resolve``) and the key's plan
+                 for it, memoised with the catalog                            (plans.py)
+    4 bind       typed values for the statement's parameters                  (the entry point)
+    5 execute    one round trip on a pooled session                           (the entry point, execution/)
+    6 shape      masks, format, paging headers, or a metered stream           (shape.py)
+    7 record     one append to the history queue; rows settled on the quota
+
+An entry point (``saved.SavedCall``, ``adhoc.AdHocCall``) supplies only what differs:
+``resolve(catalog, key)`` (what runs, checking its grants), ``call_args()``, ``bind()``,
+``page()`` and ``stream_text()``, plus the ``name``/``version`` recorded in the history.
+"""
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, Protocol
+
+from ..errors import GatewayError
+from ..execution import runner
+from .args import CallArgs, lower_timeout
+from .identify import identify
+from .plans import plan_for
+from .shape import send_page, send_stream
+
+if TYPE_CHECKING:
+    import falcon
+
+    from ..execution.pool import SessionPool
+    from ..governance import CallPlan
+    from ..model.catalog import ApiKey, Catalog, Connection
+    from ..model.state import CatalogHolder
+    from ..ports import Admission
+    from ..settings import Settings
+    from ..store.history import HistoryWriter
+
+
+class EntryPoint(Protocol):
+    """What an entry point supplies (``saved.SavedCall``, ``adhoc.AdHocCall``). The subject
+    ``resolve`` returns (a query version, an ad-hoc statement) is handed back to its own
+    ``bind``, ``page`` and ``stream_text``; ``connection`` and ``version`` are set by ``resolve``."""
+
+    name: str
+    version: int | None
+    connection: Connection | None
+
+    def resolve(self, catalog: Catalog, key: ApiKey) -> Any: ...
+
+    def call_args(self) -> CallArgs: ...
+
+    def bind(self, subject: Any) -> Sequence: ...
+
+    def page(self, pool: SessionPool, subject: Any, bound: Any, size: int, page: int,
+             timeout_ms: int | None) -> runner.Result: ...
+
+    def stream_text(self, subject: Any, bound: Any) -> str: ...
+
+
+class Pipeline:
+    __slots__ = ("_holder", "_pools", "_history", "_settings", "_admission", "_mask_key")
+
+    def __init__(self, holder: CatalogHolder, pools: runner.Pools, history: HistoryWriter, settings: Settings,
+                 admission: Admission) -> None:
+        self._holder = holder
+        self._pools = pools
+        self._history = history
+        self._settings = settings
+        self._admission = admission
+        self._mask_key = settings.mask_key_bytes()
+
+    def run(self, resp: falcon.Response, call: EntryPoint, *, request_id: str, ip: str, secret: str | None) -> None:
+        started = time.perf_counter()
+        key = None
+        admission = self._admission
+        settings = self._settings
+        try:
+            limits = admission.admit_ip(ip)                                     # 2 admit (the client)
+            catalog = self._holder.current()
+            key = identify(secret, catalog)                                     # 1 identify
+            if key.governance.allowed_ips is not None:
+                key.governance.check_ip(ip)
+            subject = call.resolve(catalog, key)                                # 3 plan
+            plan = plan_for(catalog, key, subject, settings, self._mask_key)
+            limits += admission.admit_key(key)                                  # 2 admit (the key)
+            args = call.call_args()
+            bound = call.bind(subject)                                          # 4 bind
+            write = subject.kind == "write"
+            pool = self._pools.get(call.connection, write)  # type: ignore[arg-type]  # set by resolve() above
+            timeout_ms = lower_timeout(args.timeout_ms, plan.query_timeout, settings.statement_timeout_ms)
+            rows: int | None
+            if args.stream:                                                     # 5 execute, 6 shape
+                self._stream(resp, call, subject, bound, args, plan, pool, timeout_ms, key)
+                rows = None   # charged batch by batch as they are sent; the history records none
+            else:
+                size = args.page_size if plan.max_rows is None else min(args.page_size, plan.max_rows)
+                result = call.page(pool, subject, bound, size, args.page, timeout_ms)
+                rows = send_page(resp, args, size, plan, result, write)
+            for header, value in limits:
+                resp.set_header(header, value)
+            if rows:
+                admission.settle(key, rows)                                     # 7 record
+            self._history.record(request_id, key.id, call.name, call.version, 200, None, rows,
+                                 (time.perf_counter() - started) * 1000)
+        except GatewayError as exc:
+            self._history.record(request_id, key.id if key else None, call.name, call.version, exc.status,
+                                 exc.code, None, (time.perf_counter() - started) * 1000)
+            raise
+
+    def _stream(self, resp: falcon.Response, call: EntryPoint, subject: Any, bound: Any, args: CallArgs,
+                plan: CallPlan, pool: SessionPool, timeout_ms: int | None, key: ApiKey) -> None:
+        """A stream's rows are charged batch by batch as they are sent (the history records
+        none: they are not all known when the call is recorded)."""
+        text = call.stream_text(subject, bound)
+        columns, batches = runner.stream(pool, text, timeout_ms, self._settings.stream_fetch_rows)
+        limit = self._admission.rows_left(key)
+        if plan.max_rows is not None:
+            limit = plan.max_rows if limit is None else min(limit, plan.max_rows)
+        admission = self._admission
+        send_stream(resp, args, plan, columns, batches, limit, lambda rows: admission.settle(key, rows))
+        return None

@@ -1,0 +1,36 @@
+"""Stage 3, plan: what a key gets from a statement (``gateway.governance.plan``), computed
+on first use and kept in the catalog's memo, a refusal too; so governance costs one dict
+lookup per call. The memo belongs to one catalog snapshot: a reload starts an empty one,
+so grants and plans never disagree."""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from .. import governance
+from ..errors import GatewayError, bad_request
+
+if TYPE_CHECKING:
+    from ..model.catalog import ApiKey, Catalog, QueryVersion
+    from ..settings import Settings
+    from .adhoc import AdHocStatement
+
+
+def plan_for(catalog: Catalog, key: ApiKey, subject: QueryVersion | AdHocStatement, settings: Settings,
+             mask_key: bytes) -> governance.CallPlan:
+    """``subject``: a saved query version or an ad-hoc statement (``plan_id``, ``analysis``,
+    ``masks``)."""
+    memo_key = (key.id, subject.plan_id)
+    got = catalog.plans.get(memo_key)
+    if got is None:
+        try:
+            if subject.analysis is None:
+                raise bad_request("analysis_failed", "this version was saved by an older release or without an "
+                                  "analysis; save it again")
+            got = governance.plan(subject.analysis, key.governance, subject.masks, hash_key=mask_key,
+                                  server_allows_writes=settings.allow_writes)
+        except GatewayError as exc:
+            got = (exc.status, exc.code, exc.message, exc.extra, exc.headers)
+        got = catalog.plans.setdefault(memo_key, got)
+    if type(got) is tuple:  # a fresh exception each time: one raised twice would grow its traceback
+        raise GatewayError(got[0], got[1], got[2], extra=got[3], headers=got[4])
+    return got

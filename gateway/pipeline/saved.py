@@ -1,0 +1,72 @@
+"""The saved-query entry point's part of the pipeline (``/q/<name>``): which version runs,
+its declared parameters, and how it runs (a prepared statement; a stream binds checked
+literals, see ``gateway.sql.binding``)."""
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from ..errors import bad_request, forbidden, not_found
+from ..execution import runner
+from .args import CallArgs, positive_int
+from .grants import check_connection
+
+if TYPE_CHECKING:
+    from ..execution.pool import SessionPool
+    from ..model.catalog import ApiKey, Catalog, Connection, QueryVersion
+    from ..settings import Settings
+
+
+class SavedCall:
+    __slots__ = ("name", "version", "connection", "_params", "_reserved", "_from_text", "_settings", "_defaults")
+
+    def __init__(self, name: str, params: Mapping[str, Any], reserved: dict, from_text: bool, settings: Settings,
+                 defaults: CallArgs) -> None:
+        self.name = name
+        self.version: int | None = None
+        self.connection: Connection | None = None
+        self._params = params
+        self._reserved = reserved
+        self._from_text = from_text      # query-string text (parsed strictly) or typed JSON values
+        self._settings = settings
+        self._defaults = defaults        # most calls pass no reserved argument: parsed once
+
+    def resolve(self, catalog: Catalog, key: ApiKey) -> QueryVersion:
+        query = catalog.queries.get(self.name)
+        qv = query.published if query is not None else None
+        # Unknown and not-granted look alike to a caller who is not granted the query.
+        if query is None or qv is None or (self.name not in key.queries and "*" not in key.queries):
+            if qv is not None or query is not None and self.name in key.queries:
+                raise not_found("query_not_found", f"query '{self.name}' is not published") if qv is None else \
+                    forbidden("query_not_allowed", f"this key is not granted query '{self.name}'")
+            raise not_found("query_not_found", f"no published query '{self.name}'")
+        asked = self._reserved.get("version")
+        if asked not in (None, ""):
+            wanted = positive_int(asked, "invalid_version", "version")
+            qv = query.versions.get(wanted)
+            if qv is None or qv.published_at is None:
+                raise not_found("version_not_found", f"query '{self.name}' has no published version {wanted}")
+        check_connection(key, qv.connection)
+        self.connection = qv.connection
+        self.version = qv.version
+        return qv
+
+    def call_args(self) -> CallArgs:
+        return CallArgs(self._reserved, self._settings) if self._reserved else self._defaults
+
+    def bind(self, qv: QueryVersion) -> tuple:
+        return qv.binder.bind(self._params, self._from_text)
+
+    @staticmethod
+    def page(pool: SessionPool, qv: QueryVersion, bound: tuple, size: int, page: int,
+             timeout_ms: int | None) -> runner.Result:
+        values = qv.values(bound)
+        if qv.kind == "read":
+            values += (size + 1, (page - 1) * size)
+        return runner.execute(pool, qv, values, timeout_ms)
+
+    @staticmethod
+    def stream_text(qv: QueryVersion, bound: tuple) -> str:
+        if qv.kind != "read" or qv.stream_template is None:
+            raise bad_request("invalid_stream", "only reads can be streamed")
+        return qv.stream_text(bound)

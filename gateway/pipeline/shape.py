@@ -1,0 +1,76 @@
+"""Stage 6, shape: the key's masks applied, serialised in the asked format, as one page or
+as a stream; a stream is capped (``max_rows``, what is left of the rows quota) and each of
+its batches charged to the quota as it is sent."""
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
+
+from ..execution.formats import CONTENT_TYPES, RENDERERS, stream_chunks
+
+if TYPE_CHECKING:
+    import falcon
+
+    from ..execution.runner import Batches, Result
+    from ..governance import CallPlan
+    from .args import CallArgs
+
+
+def send_page(resp: falcon.Response, args: CallArgs, size: int, plan: CallPlan, result: Result, write: bool) -> int:
+    """One page of a result, masked, in the asked format, with the paging headers; returns
+    the rows sent. (``result.rows`` holds up to size + 1 rows: the extra one only tells
+    that there is more.)"""
+    rows = result.rows
+    has_more = len(rows) > size
+    if has_more:
+        rows = rows[:size]
+    columns, rows = plan.apply(result.columns, rows)
+    resp.data = RENDERERS[args.fmt](columns, rows)
+    resp.content_type = CONTENT_TYPES[args.fmt]
+    resp.set_header("X-Page", str(args.page))
+    resp.set_header("X-Page-Size", str(size))
+    resp.set_header("X-Row-Count", str(len(rows)))
+    resp.set_header("X-Has-More", "true" if has_more else "false")
+    if write:
+        resp.set_header("X-Rows-Affected", str(max(result.rowcount, 0)))
+    return len(rows)
+
+
+def send_stream(resp: falcon.Response, args: CallArgs, plan: CallPlan, columns: Sequence[str], batches: Batches,
+                limit: int | None, charge: Callable[[int], object]) -> None:
+    if not plan.identity:
+        out = plan.columns(columns)
+        batches = _masked(plan, columns, batches)
+        columns = out
+    resp.stream = stream_chunks(args.fmt, columns, _metered(batches, limit, charge))
+    resp.content_type = CONTENT_TYPES[args.fmt]
+    resp.set_header("X-Stream", "true")
+
+
+def _masked(plan: CallPlan, columns: Sequence[str], batches: Batches) -> Batches:
+    try:
+        for batch in batches:
+            yield plan.apply(columns, batch)[1]
+    finally:
+        batches.close()
+
+
+def _metered(batches: Batches, limit: int | None, charge: Callable[[int], object]) -> Batches:
+    """A stream capped at ``limit`` rows (None: no cap), each batch charged as it is sent;
+    the cursor is closed early when the cap is reached."""
+    left = limit
+    try:
+        for batch in batches:
+            if left is not None:
+                if len(batch) >= left:
+                    batch = batch[:left]
+                    left = 0
+                else:
+                    left -= len(batch)
+            if batch:
+                charge(len(batch))
+                yield batch
+            if left == 0:
+                return
+    finally:
+        batches.close()

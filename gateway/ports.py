@@ -1,0 +1,151 @@
+"""The ports: what the gateway asks of the world around it, and the in-process versions.
+
+The product depends on these interfaces only; ``fleet`` implements them over Redis
+(``fleet.bus.RedisBus`` is a ``Sync``, ``fleet.leases.LeasedAdmission`` an ``Admission``,
+``fleet.events.RedisEvents`` an ``Events``), and the composition root (``fleet.app``)
+chooses. The in-process versions here serve a single process with no Redis: unit tests,
+embedded tools, a gateway run without a fleet.
+
+* ``Sync``: how a worker learns of management changes (and a change waits for the fleet).
+* ``Admission``: may this call run now (rate limits per client IP and per key, quotas);
+  ``admit_*`` return the response headers to add or raise a 429 ``GatewayError``;
+  ``settle`` reports the rows a call returned (row quotas settle after the call);
+  ``rows_left`` bounds a stream.
+* ``Events``: live events of runs and changes, fanned out to ``GET /events`` readers.
+* ``Clock``: monotonic seconds, injected where time is tested (leases).
+"""
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING, Protocol
+
+from .errors import GatewayError
+
+if TYPE_CHECKING:   # the model implements what Sync drives; ports import nothing at run time
+    from .model.catalog import ApiKey
+    from .model.state import CatalogHolder
+
+Clock = Callable[[], float]
+FOREVER = float("inf")
+# Response headers an admission adds: ((name, value), ...).
+Headers = tuple[tuple[str, str], ...]
+NO_HEADERS: Headers = ()
+# One answered call as the history records it: (at, request_id, key_id, query, version,
+# status, code, rows, duration_ms, worker). Observers (``Events`` among them) get batches.
+Run = tuple[float, str, int | None, str | None, int | None, int, str | None, int | None, float, str]
+
+
+# --- Sync --------------------------------------------------------------------------------
+class Sync(Protocol):
+    connected: bool        # hearing from the shared state now (a metric)
+    live_workers: int      # workers of the fleet seen alive (admission's fallback share)
+
+    def start(self, holder: CatalogHolder) -> None:
+        """Begin keeping ``holder`` current (worker side)."""
+
+    def announce(self, generation: int) -> dict:
+        """After a change committed at ``generation``: return once no worker serves older."""
+
+    def ready(self) -> bool:
+        """Whether the shared state is reachable (for ``/ready``)."""
+
+    def close(self) -> None: ...
+
+
+class LocalSync:
+    """One process: a change reloads the catalog in place."""
+
+    __slots__ = ("_holder",)
+    connected = True
+    live_workers = 1
+
+    def __init__(self) -> None:
+        self._holder: CatalogHolder | None = None
+
+    def start(self, holder: CatalogHolder) -> None:
+        self._holder = holder
+        holder.reload()
+        holder.renew(FOREVER)
+
+    def announce(self, generation: int) -> dict:
+        if self._holder is not None:
+            self._holder.reload(at_least=generation)
+        return {"workers": 1, "waited_ms": 0.0}
+
+    def ready(self) -> bool:
+        return True
+
+    def close(self) -> None:
+        pass
+
+
+# --- Admission ---------------------------------------------------------------------------
+class Admission(Protocol):
+    fallbacks: int         # calls decided by a local fallback while the shared state was away
+
+    def admit_ip(self, ip: str) -> Headers: ...
+
+    def admit_key(self, key: ApiKey) -> Headers: ...
+
+    def settle(self, key: ApiKey, rows: int) -> None: ...
+
+    def rows_left(self, key: ApiKey) -> int | None:
+        """Rows the key may still receive this period as far as this worker knows (None:
+        no rows quota). A stream stops there; a page may overshoot by its own size."""
+
+    def usage(self, keys: Iterable[ApiKey]) -> list[dict]: ...
+
+    def close(self) -> None: ...
+
+
+class AdmitAll:
+    """Admission switched off: nothing is limited or counted."""
+
+    __slots__ = ()
+    fallbacks = 0
+
+    def admit_ip(self, ip: str) -> Headers:
+        return NO_HEADERS
+
+    def admit_key(self, key: ApiKey) -> Headers:
+        return NO_HEADERS
+
+    def settle(self, key: ApiKey, rows: int) -> None:
+        pass
+
+    def rows_left(self, key: ApiKey) -> int | None:
+        return None
+
+    def usage(self, keys: Iterable[ApiKey]) -> list[dict]:
+        return []
+
+    def close(self) -> None:
+        pass
+
+
+def rate_limited(retry_after_s: float, headers: Headers, what: str) -> GatewayError:
+    seconds = max(1, int(retry_after_s + 0.999))
+    return GatewayError(429, "rate_limited", f"rate limit of {what} exceeded; retry after {seconds}s",
+                        extra={"retry_after": seconds},
+                        headers=dict(headers, **{"Retry-After": str(seconds)}))
+
+
+def quota_exceeded(what: str, reset_s: int, headers: Headers) -> GatewayError:
+    return GatewayError(429, "quota_exceeded", f"the key's {what} quota is used up",
+                        extra={"retry_after": reset_s},
+                        headers=dict(headers, **{"Retry-After": str(reset_s)}))
+
+
+# --- Events ------------------------------------------------------------------------------
+class Events(Protocol):
+    def __call__(self, batch: Sequence[Run]) -> None:
+        """A batch of answered runs (a history observer, off the hot path)."""
+
+    def change(self, doc: dict) -> None:
+        """A management change, after it committed."""
+
+    def acquire_reader(self) -> bool:
+        """Take one of this worker's reader slots (False when all are taken)."""
+
+    def read(self, last_id: str, block_ms: int = 15000) -> Iterator[bytes]:
+        """Server-sent event frames after ``last_id``; releases the reader slot at the end."""

@@ -1,0 +1,182 @@
+"""Every statement the control plane runs against the store, by what it does.
+
+Each function takes an open cursor (a ``RealDictCursor`` of the control plane's
+transaction) and returns rows as dicts; none commits. The catalog's own load is in
+``gateway.model.catalog``; the run history's writes in ``store.history``.
+"""
+from __future__ import annotations
+
+from datetime import datetime
+from typing import TYPE_CHECKING, Any, TypeAlias
+
+import psycopg2.extensions
+import psycopg2.extras
+
+if TYPE_CHECKING:
+    from ..control.changes import Actor
+
+Cursor: TypeAlias = psycopg2.extensions.cursor   # a RealDictCursor: rows are dicts
+
+_SNAPSHOTS = {
+    "connection": "SELECT to_jsonb(c) - 'password' || jsonb_build_object('password_set', c.password IS NOT NULL) "
+                  "FROM gw_connections c WHERE c.name = %s",
+    "query": "SELECT to_jsonb(q) || jsonb_build_object('versions', (SELECT jsonb_agg(jsonb_build_object("
+             "'version', v.version, 'sql', v.sql, 'parameters', v.parameters, 'published_at', v.published_at) "
+             "ORDER BY v.version) FROM gw_query_versions v WHERE v.query_id = q.id)) "
+             "FROM gw_queries q WHERE q.name = %s",
+    "key": "SELECT to_jsonb(k) - 'secret_hash' FROM gw_api_keys k WHERE k.name = %s",
+}
+_VERSIONS = ("SELECT v.*, c.name AS connection_name FROM gw_query_versions v "
+             "JOIN gw_connections c ON c.id = v.connection_id ")
+
+
+def _one(cur: Cursor) -> Any:
+    return cur.fetchone()
+
+
+def _placeholders(values: dict) -> str:
+    return ", ".join(["%s"] * len(values))
+
+
+# --- changes: the generation and the audit trail -------------------------------------------
+def snapshot(cur: Cursor, kind: str, name: str) -> dict | None:
+    """The object as the audit log shows it: secrets never included."""
+    cur.execute(_SNAPSHOTS[kind], (name,))
+    row = cur.fetchone()
+    return None if row is None else next(iter(row.values()))
+
+
+def bump_generation(cur: Cursor) -> int:
+    cur.execute("UPDATE gw_catalog_state SET generation = generation + 1 RETURNING generation")
+    return _one(cur)["generation"]
+
+
+def insert_audit(cur: Cursor, actor: Actor, action: str, kind: str, name: str, before: dict | None,
+                 after: dict | None, generation: int) -> None:
+    cur.execute("INSERT INTO gw_audit (actor, client_ip, request_id, action, kind, name, before, after, "
+                "generation) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s)",
+                (actor.name, actor.ip, actor.request_id, action, kind, name,
+                 psycopg2.extras.Json(before), psycopg2.extras.Json(after), generation))
+
+
+def audit_entries(cur: Cursor, where: str, values: list, limit: int) -> list[dict]:
+    cur.execute(f"SELECT * FROM gw_audit {where} ORDER BY id DESC LIMIT %s", values + [limit])
+    return cur.fetchall()
+
+
+def history_entries(cur: Cursor, where: str, values: list, limit: int) -> list[dict]:
+    cur.execute("SELECT h.id, h.at, h.request_id, k.name AS key, h.query, h.version, h.status, h.code, "
+                "h.row_count, h.duration_ms, h.worker FROM gw_run_history h "
+                f"LEFT JOIN gw_api_keys k ON k.id = h.key_id {where} ORDER BY h.id DESC LIMIT %s",
+                values + [limit])
+    return cur.fetchall()
+
+
+# --- connections -----------------------------------------------------------------------------
+def connection(cur: Cursor, name: str) -> dict | None:
+    cur.execute("SELECT * FROM gw_connections WHERE name = %s", (name,))
+    return _one(cur)
+
+
+def connections(cur: Cursor) -> list[dict]:
+    cur.execute("SELECT * FROM gw_connections ORDER BY name")
+    return cur.fetchall()
+
+
+def insert_connection(cur: Cursor, values: dict) -> None:
+    cur.execute(f"INSERT INTO gw_connections ({', '.join(values)}) VALUES ({_placeholders(values)})",
+                list(values.values()))
+
+
+def update_connection(cur: Cursor, name: str, values: dict) -> bool:
+    sets = ", ".join(f"{c} = %s" for c in values)
+    cur.execute(f"UPDATE gw_connections SET {sets}, updated_at = now() WHERE name = %s", [*values.values(), name])
+    return cur.rowcount > 0
+
+
+def delete_connection(cur: Cursor, name: str) -> bool:
+    cur.execute("DELETE FROM gw_connections WHERE name = %s", (name,))
+    return cur.rowcount > 0
+
+
+# --- saved queries ---------------------------------------------------------------------------
+def query(cur: Cursor, name: str, lock: bool = False) -> dict | None:
+    cur.execute("SELECT * FROM gw_queries WHERE name = %s" + (" FOR UPDATE" if lock else ""), (name,))
+    return _one(cur)
+
+
+def queries(cur: Cursor) -> list[dict]:
+    cur.execute("SELECT * FROM gw_queries ORDER BY name")
+    return cur.fetchall()
+
+
+def insert_query(cur: Cursor, name: str) -> int:
+    cur.execute("INSERT INTO gw_queries (name) VALUES (%s) RETURNING id", (name,))
+    return _one(cur)["id"]
+
+
+def delete_query(cur: Cursor, name: str) -> bool:
+    cur.execute("DELETE FROM gw_queries WHERE name = %s", (name,))
+    return cur.rowcount > 0
+
+
+def last_version(cur: Cursor, query_id: int) -> int:
+    cur.execute("SELECT max(version) AS v FROM gw_query_versions WHERE query_id = %s", (query_id,))
+    return _one(cur)["v"]
+
+
+def insert_version(cur: Cursor, values: dict, publish: bool) -> None:
+    cur.execute(f"INSERT INTO gw_query_versions ({', '.join(values)}, published_at) VALUES "
+                f"({_placeholders(values)}, {'now()' if publish else 'NULL'})", list(values.values()))
+
+
+def mark_published(cur: Cursor, query_id: int, version: int) -> bool:
+    cur.execute("UPDATE gw_query_versions SET published_at = coalesce(published_at, now()) "
+                "WHERE query_id = %s AND version = %s", (query_id, version))
+    return cur.rowcount > 0
+
+
+def serve_version(cur: Cursor, query_id: int, version: int | None) -> None:
+    cur.execute("UPDATE gw_queries SET published_version = %s, updated_at = now() WHERE id = %s", (version, query_id))
+
+
+def versions_of(cur: Cursor, query_id: int) -> list[dict]:
+    cur.execute(_VERSIONS + "WHERE v.query_id = %s ORDER BY v.version", (query_id,))
+    return cur.fetchall()
+
+
+def all_versions(cur: Cursor) -> list[dict]:
+    cur.execute(_VERSIONS + "ORDER BY v.query_id, v.version")
+    return cur.fetchall()
+
+
+# --- API keys ----------------------------------------------------------------------------------
+def key(cur: Cursor, name: str, lock: bool = False) -> dict | None:
+    cur.execute("SELECT * FROM gw_api_keys WHERE name = %s" + (" FOR UPDATE" if lock else ""), (name,))
+    return _one(cur)
+
+
+def keys(cur: Cursor) -> list[dict]:
+    cur.execute("SELECT * FROM gw_api_keys ORDER BY name")
+    return cur.fetchall()
+
+
+def insert_key(cur: Cursor, name: str, prefix: str, digest: bytes, grants: dict,
+               expires_at: datetime | None) -> None:
+    cur.execute("INSERT INTO gw_api_keys (name, prefix, secret_hash, grants, expires_at) VALUES (%s, %s, %s, %s, %s)",
+                (name, prefix, digest, psycopg2.extras.Json(grants), expires_at))
+
+
+def update_key_grants(cur: Cursor, key_id: int, grants: dict, expires_at: datetime | None) -> None:
+    cur.execute("UPDATE gw_api_keys SET grants = %s, expires_at = %s WHERE id = %s",
+                (psycopg2.extras.Json(grants), expires_at, key_id))
+
+
+def rotate_key(cur: Cursor, key_id: int, prefix: str, digest: bytes) -> None:
+    cur.execute("UPDATE gw_api_keys SET prefix = %s, secret_hash = %s, rotated_at = now() WHERE id = %s",
+                (prefix, digest, key_id))
+
+
+def delete_key(cur: Cursor, name: str) -> bool:
+    cur.execute("DELETE FROM gw_api_keys WHERE name = %s", (name,))
+    return cur.rowcount > 0

@@ -1,0 +1,89 @@
+"""The admission block's run: its two targets (admission on and off, each with its own store and Redis), the
+worker CPU and Redis commands of each run (probes), then the closed-loop rounds."""
+from __future__ import annotations
+
+import redis
+
+from ... import system, targets
+from ...harness import WorkerCpu, log, run_rounds
+from . import OFF, ON
+
+HUGE_RATE = '1000000/second'
+KEY_LIMITS = {'rate_limit': HUGE_RATE, 'quota': {'calls': 10 ** 9, 'per': 'day'}}
+
+
+class RedisCommands:
+    """Commands Redis executed during a run (INFO commandstats delta, the INFO calls left out).
+
+    commandstats also counts the commands a script runs (a lease script is one EVALSHA round trip and about
+    five commands inside it), so three numbers per call are kept: every command (`redis_per_call`), every
+    command but the event stream's XADDs (`redis_per_call_no_events`: fleet.events appends each run to a
+    stream, pipelined per history batch), and the scripts alone (`redis_scripts_per_call`: EVALSHA/EVAL, the
+    admission's and the bus' round trips)."""
+
+    def __init__(self, url: str):
+        self.client = redis.Redis.from_url(url, socket_timeout=5)
+        self.before: dict = {}
+
+    def _snapshot(self) -> dict:
+        stats = self.client.info('commandstats')
+        return {name.removeprefix('cmdstat_'): int(value['calls']) for name, value in stats.items()}
+
+    def start(self):
+        self.before = self._snapshot()
+
+    def finish(self, record: dict) -> dict:
+        after = self._snapshot()
+        delta = {name: n - self.before.get(name, 0) for name, n in after.items()
+                 if name != 'info' and n - self.before.get(name, 0) > 0}
+        total = sum(delta.values())
+        events = delta.get('xadd', 0)
+        scripts = delta.get('evalsha', 0) + delta.get('eval', 0)
+        calls = record.get('requests') or 0
+
+        def per_call(n):
+            return round(n / calls, 4) if calls else None
+        return {'redis_commands': total, 'redis_by_command': dict(sorted(delta.items())),
+                'redis_per_call': per_call(total), 'redis_per_call_no_events': per_call(total - events),
+                'redis_scripts_per_call': per_call(scripts)}
+
+
+def run(block, args, work_dir, cleanup, meta, save_meta):
+    live, probes = [], {}
+    for index, (name, extra) in enumerate(((ON, {'GATEWAY_ADMISSION': 'on', 'GATEWAY_RATE_LIMIT': HUGE_RATE}),
+                                           (OFF, {'GATEWAY_ADMISSION': 'off'}))):
+        store_db = f'gwstore_adm_{"on" if name == ON else "off"}'
+        store_url = system.dsn_with_db(args.database_url, store_db)
+        system.recreate_database(args.database_url, store_db, drop=not args.keep_stores)
+        process, redis_url = targets.start_redis(port=args.redis_port + index, cpu=args.pg_cpu,
+                                                 run_dir=work_dir / name)
+        cleanup.append(process)
+        target = targets.start_gateway(port=args.gateway_port + index, cpu=args.target_cpu, store_url=store_url,
+                                       redis_url=redis_url, run_dir=work_dir / name, extra_env=extra,
+                                       root=args.gateway_root)
+        cleanup.append(target.process)
+        target.name = name
+        target.description = f'gateway-fleet, 1 worker, {", ".join(f"{k}={v}" for k, v in extra.items())}'
+        targets.wait_healthy(target)
+        target.info['provisioned'] = targets.provision(target, args.database_url, key_extra=KEY_LIMITS)
+        target.info['key_limits'] = KEY_LIMITS
+        target.info['redis'] = system.redact(redis_url)
+        log(f'{name} ready at {target.base_url} (pid {target.pids[0]}), Redis {redis_url}')
+        live.append(target)
+        probes[name] = (WorkerCpu(target.pids[0]), RedisCommands(redis_url))
+    meta['targets'] = [t.summary() for t in live]
+    meta['settings'].update({
+        'targets': [t.name for t in live], 'baseline': OFF,
+        'order_note': 'targets take turns in an order rotated each round',
+        'pinning_note': meta['settings']['pinning_note'] + ' (each target has its own Redis)',
+    })
+    save_meta()
+
+    run_rounds(block, live, args, probes, _extra)
+
+
+def _extra(record: dict) -> str:
+    cpu = record.get('worker_cpu_us_per_call')
+    return (f'; workers {cpu:,.0f} µs CPU/call' if cpu is not None else '') + \
+        (f'; Redis {record.get("redis_per_call")} commands/call ({record.get("redis_per_call_no_events")} without '
+         f'XADD, {record.get("redis_scripts_per_call")} scripts)')

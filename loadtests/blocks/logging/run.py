@@ -1,0 +1,89 @@
+"""The logging block's run: its three targets (access log on, off, and events off too; each with its own store and
+Redis), the worker CPU and access-log lines of each run (probes), then the closed-loop rounds."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from ... import system, targets
+from ...harness import WorkerCpu, log, run_rounds
+from . import BARE, OFF, ON
+
+TARGETS = (
+    (ON, {'GATEWAY_ACCESS_LOG': '1', 'GATEWAY_ACCESS_LOG_SAMPLE': '1.0'}),
+    (OFF, {'GATEWAY_ACCESS_LOG': '0'}),
+    (BARE, {'GATEWAY_ACCESS_LOG': '0', 'GATEWAY_EVENTS': '0'}),
+)
+COMMON = {'GATEWAY_LOG_LEVEL': 'info'}
+
+
+class AccessLines:
+    """Access-log lines a target appended to its log file during a run (lines holding a request id)."""
+
+    def __init__(self, log_path: Path):
+        self.path = log_path
+        self.offset = 0
+
+    def _size(self) -> int:
+        try:
+            return self.path.stat().st_size
+        except OSError:
+            return 0
+
+    def start(self):
+        self.offset = self._size()
+
+    def finish(self, record: dict) -> dict:
+        lines = 0
+        try:
+            with self.path.open('rb') as log:
+                log.seek(self.offset)
+                while True:
+                    chunk = log.read(1 << 20)
+                    if not chunk:
+                        break
+                    lines += chunk.count(b'"request_id"')
+        except OSError:
+            return {'access_lines': None, 'access_lines_per_call': None}
+        calls = record.get('requests') or 0
+        return {'access_lines': lines, 'log_bytes': self._size() - self.offset,
+                'access_lines_per_call': round(lines / calls, 3) if calls else None}
+
+
+def run(block, args, work_dir, cleanup, meta, save_meta):
+    live, probes = [], {}
+    for index, (name, extra) in enumerate(TARGETS):
+        extra = {**COMMON, **extra}
+        store_db = f'gwstore_log_{index}'
+        store_url = system.dsn_with_db(args.database_url, store_db)
+        system.recreate_database(args.database_url, store_db, drop=not args.keep_stores)
+        process, redis_url = targets.start_redis(port=args.redis_port + index, cpu=args.pg_cpu,
+                                                 run_dir=work_dir / name)
+        cleanup.append(process)
+        target = targets.start_gateway(port=args.gateway_port + index, cpu=args.target_cpu, store_url=store_url,
+                                       redis_url=redis_url, run_dir=work_dir / name, extra_env=extra,
+                                       root=args.gateway_root)
+        cleanup.append(target.process)
+        target.name = name
+        target.description = f'gateway-fleet, 1 worker, {", ".join(f"{k}={v}" for k, v in extra.items())}'
+        targets.wait_healthy(target)
+        target.info['provisioned'] = targets.provision(target, args.database_url)
+        target.info['redis'] = system.redact(redis_url)
+        log(f'{name} ready at {target.base_url} (pid {target.pids[0]}), Redis {redis_url}')
+        live.append(target)
+        probes[name] = (WorkerCpu(target.pids[0]), AccessLines(target.log_path))
+    meta['targets'] = [t.summary() for t in live]
+    meta['settings'].update({
+        'targets': [t.name for t in live], 'baseline': OFF,
+        'order_note': 'targets take turns in an order rotated each round',
+        'pinning_note': meta['settings']['pinning_note'] + ' (each target has its own Redis)',
+    })
+    save_meta()
+
+    run_rounds(block, live, args, probes, _extra)
+
+
+def _extra(record: dict) -> str:
+    cpu = record.get('worker_cpu_us_per_call')
+    lines = record.get('access_lines_per_call')
+    return ((f'; worker {cpu:,.0f} µs CPU/call' if cpu is not None else '') +
+            (f'; {lines} access lines/call' if lines is not None else ''))

@@ -1,0 +1,249 @@
+"""The harness's core, which every block runs on: one wrk run measured (Block.measure), the rounds of a closed-loop
+block (run_rounds: a warm-up per target, a /health floor before and after, every cell once a round in an order
+rotated each round), the data and the PostgreSQL a block runs against, and the probes blocks add to a run.
+
+It imports no block: blocks import it (loadtests/blocks/), and bench.py reaches them through their registry.
+"""
+from __future__ import annotations
+
+import json
+import sys
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+
+from . import peer, system, targets, wrk
+from .stats import NOISY_CORES
+from .targets import Target, TargetError
+
+WARMUP_CONNECTIONS = 8
+
+
+def now_iso() -> str:
+    return datetime.now(UTC).isoformat(timespec='seconds')
+
+
+def log(message: str):
+    print(f'[{datetime.now().strftime("%H:%M:%S")}] {message}', flush=True)
+
+
+class Block:
+    """One block's runs, written to results.jsonl as they happen."""
+
+    def __init__(self, name: str, run_dir: Path, args, pg_root: int | None):
+        self.name = name
+        self.run_dir = run_dir
+        self.args = args
+        self.pg_root = pg_root
+        self.results = (run_dir / 'results.jsonl').open('a')
+        self.done = 0
+        self.planned = 0
+        self.started = time.monotonic()
+
+    def close(self):
+        self.results.close()
+
+    def measure(self, target: Target, *, kind: str, connections: int, duration_s: float, health: bool = False,
+                probes=(), **tags) -> dict:
+        """One wrk run. `probes`: extra meters with start() and finish(record) -> dict of fields to add."""
+        if target.process is not None and target.process.poll() is not None:
+            raise TargetError(f'{target.name} has exited ({target.process.returncode}):\n'
+                              + targets.log_tail(target.log_path))
+        cpu_machine = system.MachineMeter()
+        cpu_target = system.CpuMeter(*target.pids)
+        cpu_pg = system.CpuMeter(self.pg_root) if self.pg_root else None
+        env = {'API_KEY': target.api_key, 'QUERY_PATH': target.query_path, 'PARAM': target.param,
+               'MAX_ID': str(self.args.max_id)}
+        started_at = now_iso()
+        wall = time.monotonic()
+        cpu_machine.start()
+        cpu_target.start()
+        if cpu_pg:
+            cpu_pg.start()
+        for probe in probes:
+            probe.start()
+        result = wrk.run(target.url('/health' if health else '/'), connections=connections, duration_s=duration_s,
+                         script=wrk.HEALTH if health else wrk.RANDOM_AID, env=None if health else env,
+                         cpu=self.args.load_cpu, timeout_s=self.args.wrk_timeout)
+        target_cpu = cpu_target.stop()
+        pg_cpu = cpu_pg.stop() if cpu_pg else None
+        machine_cpu = cpu_machine.stop()
+        other_cpu = machine_cpu - (target_cpu or 0) - (pg_cpu or 0) - result.wrk_cpu_s
+        problems = wrk.errors_of(result)
+        record = {
+            'block': self.name, 'kind': kind, **tags, 'target': target.name, 'connections': connections,
+            'path': '/health' if health else target.query_path, **result.to_dict(),
+            'ok': not problems, 'problems': problems,
+            'target_cpu_s': None if target_cpu is None else round(target_cpu, 3),
+            'target_cores': None if target_cpu is None else round(target_cpu / result.duration_s, 3),
+            'cpu_us_per_call': (round(target_cpu / result.requests * 1e6, 1)
+                                if target_cpu is not None and result.requests else None),
+            'pg_cpu_s': None if pg_cpu is None else round(pg_cpu, 3),
+            'machine_cpu_s': round(machine_cpu, 3),
+            'other_cores': round(max(0.0, other_cpu) / result.duration_s, 3),  # everything else on the machine
+            'wrk_text': wrk.parse_text(result.text),  # wrk's own rounded summary, a cross-check of the JSON
+            'started_at': started_at, 'wall_s': round(time.monotonic() - wall, 3),
+        }
+        for probe in probes:
+            record.update(probe.finish(record))
+        self.results.write(json.dumps(record) + '\n')
+        self.results.flush()
+        return record
+
+    def write(self, record: dict):
+        """A record that is not a wrk run (the sync block's), written as it comes."""
+        self.results.write(json.dumps(record) + '\n')
+        self.results.flush()
+
+
+def progress_line(record: dict, prefix: str) -> str:
+    lat = record['latency_us']
+    line = (f'{prefix} {record["target"]} c={record["connections"]}: {record["rps"]:,.0f} req/s, '
+            f'p50 {lat["50"] / 1000:.2f} ms, p99 {lat["99"] / 1000:.2f} ms')
+    if record.get('cpu_us_per_call') is not None:
+        line += f', {record["cpu_us_per_call"]:,.0f} µs CPU/call ({record["target_cores"]:.2f} cores)'
+    if record.get('other_cores', 0) > NOISY_CORES:
+        line += f'  (other processes: {record["other_cores"]:.2f} cores)'
+    if not record['ok']:
+        line += '  ⚠ ' + '; '.join(record['problems'])
+    return line
+
+
+def rotated(items: list, round_index: int) -> list:
+    k = round_index % len(items)
+    return items[k:] + items[:k]
+
+
+# --------------------------------------------------------------------------------------
+# The rounds of a closed-loop block
+# --------------------------------------------------------------------------------------
+
+def run_rounds(block: Block, live: list[Target], args, probes: dict | None = None, extra=lambda record: ''):
+    """The method every closed-loop block shares: a warm-up per target, a /health floor,
+    rounds in which every cell (connections x target) runs once in an order rotated each
+    round, and the floor again. ``probes``: per target name, extra meters for each run;
+    ``extra``: more text for the progress line."""
+    probes = probes or {}
+    conns = args.connections
+    runs_total = args.rounds * len(conns) * len(live)
+    per_run = args.duration + 1.0
+    for target in live:
+        if args.warmup > 0:
+            record = block.measure(target, kind='warmup', connections=WARMUP_CONNECTIONS, duration_s=args.warmup,
+                                   **_probes(probes, target))
+            log(progress_line(record, 'warm-up') + extra(record))
+    floor(block, live, 'before', args)
+    done = 0
+    for r in range(args.rounds):
+        order = rotated(live, r)
+        position = 0
+        for c in conns:
+            for target in order:
+                record = block.measure(target, kind='run', round=r + 1, position=position, connections=c,
+                                       duration_s=args.duration, order=[t.name for t in order],
+                                       **_probes(probes, target))
+                position += 1
+                done += 1
+                left = (runs_total - done) * per_run + (len(live) * (args.floor_duration + 1) if args.floor_duration
+                                                        else 0)
+                log(progress_line(record, f'round {r + 1}/{args.rounds}') + extra(record) +
+                    f'  [{done}/{runs_total}, ~{_duration(left)} left]')
+    floor(block, live, 'after', args)
+
+
+def _probes(probes: dict, target: Target) -> dict:
+    return {'probes': probes[target.name]} if target.name in probes else {}
+
+
+def floor(block: Block, live: list[Target], phase: str, args):
+    """The /health floor on every target of `live` (none when --floor-duration is 0)."""
+    if args.floor_duration <= 0:
+        return
+    for target in live:
+        record = block.measure(target, kind='floor', phase=phase, connections=args.floor_connections,
+                               duration_s=args.floor_duration, health=True)
+        log(progress_line(record, f'/health floor {phase}:'))
+
+
+def _duration(seconds: float) -> str:
+    seconds = int(seconds)
+    return f'{seconds // 60}m{seconds % 60:02d}s' if seconds >= 60 else f'{seconds}s'
+
+
+# --------------------------------------------------------------------------------------
+# Probes
+# --------------------------------------------------------------------------------------
+
+class WorkerCpu:
+    """CPU seconds of a gunicorn master's workers (not the master) during a run."""
+
+    def __init__(self, master_pid: int):
+        self.master = master_pid
+        self.meter = None
+
+    def start(self):
+        workers = [p for p in system.process_tree(self.master) if p != self.master]
+        self.meter = system.CpuMeter(*workers)
+        self.meter.start()
+
+    def finish(self, record: dict) -> dict:
+        cpu = self.meter.stop()
+        calls = record.get('requests') or 0
+        return {'worker_cpu_s': None if cpu is None else round(cpu, 3),
+                'worker_cpu_us_per_call': round(cpu / calls * 1e6, 1) if cpu is not None and calls else None}
+
+
+# --------------------------------------------------------------------------------------
+# The data and the PostgreSQL a block runs against
+# --------------------------------------------------------------------------------------
+
+def ensure_data(args) -> dict:
+    try:
+        return system.check_demo_table(args.database_url)
+    except RuntimeError as missing:
+        if not args.create_data:
+            raise SystemExit(f'{missing}.\nCreate it (fleet.local.demo.create_demo_data, or pgbench -i) or pass '
+                             '--create-data to call fleet.local.demo.create_demo_data(dsn).') from None
+    try:
+        from fleet.local.demo import create_demo_data
+    except ImportError as error:
+        raise SystemExit(f'--create-data needs fleet.local.demo.create_demo_data: {error}') from error
+    log('creating the demo data (fleet.local.demo.create_demo_data)')
+    create_demo_data(args.database_url)
+    return system.check_demo_table(args.database_url)
+
+
+def start_local_pg(args):
+    """fleet.local's PostgreSQL, as the gateway's embedded default runs it; returns it if the harness started it
+    (so it stops it at the end), None if it was already running."""
+    from fleet.local import LocalPostgres
+    pg = LocalPostgres(args.local_pg, args.local_pg_port)
+    was_running = pg.is_running()
+    pg.start()
+    pg.ensure_database('demo')
+    args.database_url = pg.url('demo')
+    args.create_data = True
+    return None if was_running else pg
+
+
+def pin_postgres(args) -> tuple[int | None, str]:
+    pm = system.postmaster_pid(args.database_url)
+    if pm is None:
+        return None, 'PostgreSQL is not a process on this machine (or not visible): not pinned, not measured'
+    if args.pg_cpu in (None, '', 'off'):
+        return pm, f'PostgreSQL (postmaster {pm}) not pinned (--pg-cpu off), CPU measured'
+    pinned = system.pin_tree(pm, args.pg_cpu)
+    return pm, (f'PostgreSQL postmaster {pm} and {len(pinned) - 1} children pinned to CPU {args.pg_cpu} '
+                f'(taskset -a -p; new backends inherit it), now {system.affinity(pm)}')
+
+
+def collect_versions(data: dict) -> dict:
+    return {
+        'harness': system.venv_versions(Path(sys.executable), ['gunicorn', 'falcon', 'psycopg2-binary', 'sqlglot',
+                                                               'orjson', 'redis']),
+        'peer': peer.installed(),
+        'gateway_fleet': system.our_version(),
+        'postgresql': data.get('server_version'),
+        'wrk': system.wrk_version(),
+        'git': system.git_state(),
+    }

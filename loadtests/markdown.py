@@ -1,0 +1,50 @@
+"""The pieces of results.md that every block's report shares: table heads, numbers as settings show them, and the
+closing section on the machine, the versions, the targets and the command."""
+from __future__ import annotations
+
+
+def table_head(columns) -> list[str]:
+    return ['| ' + ' | '.join(columns) + ' |', '|' + '|'.join('---' for _ in columns) + '|']
+
+
+def num(value) -> str:
+    """A setting as written: 10 rather than 10.0; '?' for None."""
+    if isinstance(value, (int, float)):
+        return str(int(value)) if float(value).is_integer() else str(value)
+    return '?' if value is None else str(value)
+
+
+def environment(meta) -> list[str]:
+    """"Machine and versions": from meta.json's machine, versions, data, targets, work_dir and command."""
+    machine = meta.get('machine', {})
+    versions = meta.get('versions', {})
+    out = ['## Machine and versions', '',
+           f'- Machine: {machine.get("cpu_model", "?")}, {machine.get("cpus", "?")} CPUs '
+           f'({machine.get("cores_per_socket", "?")} cores/socket, {machine.get("threads_per_core", "?")} '
+           f'thread(s)/core{", " + machine["hypervisor"] + " guest" if machine.get("hypervisor") else ""}), '
+           f'{machine.get("memory_gib", "?")} GiB; {machine.get("os", "?")}, kernel {machine.get("kernel", "?")}.']
+    for key, label in (('harness', 'Harness / our gateway venv'), ('peer', 'Peer venv')):
+        if versions.get(key):
+            out.append(f'- {label}: ' + ', '.join(f'{k} {v}' for k, v in versions[key].items() if v))
+    for key, label in (('gateway_fleet', 'gateway-fleet'), ('postgresql', 'PostgreSQL'), ('wrk', 'wrk'),
+                       ('git', 'git')):
+        if versions.get(key) is not None:
+            value = versions[key]
+            if isinstance(value, dict):
+                value = f'{value.get("commit") or "no commit"}{" (dirty)" if value.get("dirty") else ""}'
+            out.append(f'- {label}: {value}')
+    data = meta.get('data')
+    if data:
+        out.append(f'- Data: pgbench_accounts, {data.get("rows", 0):,} rows (aid {data.get("min_aid")}-'
+                   f'{data.get("max_aid")}), in {data.get("database_url", "?")}')
+    out.append('')
+    for target in meta.get('targets', []):
+        out.append(f'- `{target["name"]}`: {target.get("description", "")} at {target.get("base_url")}, '
+                   f'CPU {target.get("cpu", "?")}; `{target.get("command", "")}`')
+        if target.get('env'):
+            out.append('  - env: ' + ', '.join(f'{k}={v}' for k, v in sorted(target['env'].items())))
+    if meta.get('work_dir'):
+        out += ['', f'Target logs, homes and Redis data of this block (not kept in the repo): `{meta["work_dir"]}`']
+    if meta.get('command'):
+        out += ['', f'Command: `{meta["command"]}`']
+    return out + ['']

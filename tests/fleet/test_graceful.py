@@ -1,0 +1,163 @@
+"""Graceful stops and reloads of a real gunicorn master under load (``fleet/gunicorn_conf.py``):
+
+- SIGTERM: every call that was answered is in the run history afterwards (each worker's
+  ``worker_exit`` closes its parts; the history thread flushes its queue on close);
+- SIGHUP: the workers are replaced and no call fails, not even with a connection error;
+- while a worker drains, ``/ready`` answers 503 on a keep-alive connection it still serves,
+  and its ``/events`` streams end instead of holding it until the graceful timeout.
+"""
+from __future__ import annotations
+
+import signal
+import threading
+import time
+
+import falcon.testing
+import pytest
+import requests
+
+from gateway.ports import LocalSync
+from helpers.events import Connection, EventStream
+from helpers.history import wait_history_workers
+from helpers.load import Callers
+from helpers.masters import start_masters
+from helpers.procs import wait_gone
+
+GRACEFUL_TIMEOUT_S = 30   # fleet/gunicorn_conf.py
+
+
+@pytest.fixture
+def master_factory(services, tmp_path_factory):
+    started = []
+
+    def make(**config):
+        (master,) = start_masters(services, lambda: tmp_path_factory.mktemp("graceful-home"), config)
+        started.append(master)
+        return master
+    yield make
+    for master in started:
+        master.stop()
+
+
+def test_sigterm_under_load_every_answer_is_in_the_history(master_factory, endpoint, superuser):
+    master = master_factory(workers=2)
+    ep = endpoint("SELECT 1 AS one")
+    workers = master.worker_pids()
+    with Callers(f"{master.base}/q/{ep.query}", ep.secret, threads=4) as callers:
+        callers.wait_for(150)
+        signalled = time.monotonic()
+        master.proc.send_signal(signal.SIGTERM)
+        master.proc.wait(GRACEFUL_TIMEOUT_S + 10)
+        stopped_after = time.monotonic() - signalled
+        time.sleep(0.3)   # the clients now meet a closed port
+    answers = callers.answers
+    assert master.proc.returncode == 0, master.log_tail()
+    assert all(wait_gone(pid, 10) for pid in workers)
+    assert stopped_after < GRACEFUL_TIMEOUT_S, f"the master took {stopped_after:.1f}s: a worker hung"
+    answered = [a.request_id for a in answers if a.status == 200]
+    assert len(answered) >= 150 and all(a.status in (0, 200) for a in answers), \
+        {a.status for a in answers}
+    found = wait_history_workers(superuser, answered, timeout_s=5)
+    missing = set(answered) - set(found)
+    assert not missing, f"{len(missing)} of {len(answered)} answered calls are not in the history:\n" \
+                        f"{master.log_tail()}"
+    assert len(set(found.values())) == 2   # both workers served, both flushed
+
+
+def test_sighup_reload_under_load_loses_no_call(master_factory, endpoint, superuser):
+    master = master_factory(workers=2)
+    ep = endpoint("SELECT 1 AS one")
+    old = set(master.worker_pids())
+    stream = EventStream(Connection(master.base))   # must not hold an old worker back
+    try:
+        with Callers(f"{master.base}/q/{ep.query}", ep.secret, threads=3) as keepalive, \
+                Callers(f"{master.base}/q/{ep.query}", ep.secret, threads=1, close=True) as fresh:
+            keepalive.wait_for(60)
+            signalled = time.monotonic()
+            master.proc.send_signal(signal.SIGHUP)
+            deadline = time.monotonic() + GRACEFUL_TIMEOUT_S
+            while set(master.worker_pids()) & old or len(master.worker_pids()) != 2:
+                assert time.monotonic() < deadline, f"old workers still there: {master.worker_pids()}, {old}"
+                time.sleep(0.1)
+            replaced_after = time.monotonic() - signalled
+            master.wait_ready(30)
+            done = len(keepalive.answers) + len(fresh.answers)
+            deadline = time.monotonic() + 30
+            while len(keepalive.answers) + len(fresh.answers) < done + 60:
+                assert time.monotonic() < deadline
+                time.sleep(0.05)
+        answers = keepalive.answers + fresh.answers
+    finally:
+        stream.close()
+    failed = [a for a in answers if a.status != 200]
+    assert not failed, f"{len(failed)} of {len(answers)} calls failed: {failed[:5]}"
+    new = set(master.worker_pids())
+    assert len(new) == 2 and not new & old
+    # An open event stream ends when its worker drains: the reload is not held for the
+    # graceful timeout.
+    assert replaced_after < GRACEFUL_TIMEOUT_S / 2, f"the reload took {replaced_after:.1f}s"
+    found = wait_history_workers(superuser, [a.request_id for a in answers])
+    assert len(found) == len(answers)
+    served_by = {w.rsplit(":", 1)[1] for w in found.values()}
+    assert {str(p) for p in old} <= served_by and {str(p) for p in new} & served_by
+
+
+def test_ready_is_503_while_draining(master_factory, endpoint, superuser):
+    """One worker; a slow call keeps it draining after SIGTERM, while a keep-alive connection
+    it already holds asks /ready (gunicorn answers requests on kept-alive connections for a
+    short linger while it drains)."""
+    master = master_factory(workers=1)
+    ep = endpoint("SELECT pg_sleep(:s) AS slept", {"s": {"type": "float", "default": 0}})
+    probe = Connection(master.base)
+    status, _, body = probe.get("/ready")
+    assert status == 200, body
+    stream = EventStream(Connection(master.base))
+    slow: dict = {}
+
+    def slow_call():
+        reply = requests.get(f"{master.base}/q/{ep.query}", params={"s": "5"}, headers={"X-API-Key": ep.secret},
+                             timeout=30)
+        slow["status"] = reply.status_code
+    caller = threading.Thread(target=slow_call)
+    caller.start()
+    try:
+        deadline = time.monotonic() + 10
+        while not superuser("SELECT 1 FROM pg_stat_activity WHERE wait_event = 'PgSleep'", db="demo"):
+            assert time.monotonic() < deadline, "the slow call never reached the database"
+            time.sleep(0.05)
+        master.proc.send_signal(signal.SIGTERM)
+        seen = []
+        deadline = time.monotonic() + 4   # the slow call keeps the worker draining for 5 s
+        while True:
+            status, headers, body = probe.get("/ready")
+            seen.append(status)
+            if status == 503:
+                break
+            assert status == 200 and time.monotonic() < deadline, seen
+            time.sleep(0.05)
+        assert body == b'{"status":"draining","checks":{}}'
+        assert headers.get("Connection", "").lower() == "close"
+        # The event stream ended by itself (within a poll interval), long before the slow call.
+        stream._thread.join(5)
+        assert not stream._thread.is_alive(), "the event stream kept the draining worker"
+        assert "status" not in slow
+    finally:
+        caller.join(30)
+        stream.close()
+        probe.close()
+    assert slow["status"] == 200   # the call in flight was answered
+    assert master.proc.wait(GRACEFUL_TIMEOUT_S) == 0
+
+
+def test_ready_draining_switch_in_process(make_app):
+    """The switch itself, without gunicorn: ``parts.ready.draining`` (set by
+    ``post_worker_init`` to ``not worker.alive``)."""
+    app = make_app(sync=LocalSync())
+    client = falcon.testing.TestClient(app)
+    assert client.simulate_get("/ready").status_code == 200
+    app.parts.ready.draining = lambda: True
+    got = client.simulate_get("/ready")
+    assert got.status_code == 503 and got.json == {"status": "draining", "checks": {}}
+    assert got.headers["Connection"] == "close"
+    app.parts.ready.draining = lambda: False
+    assert client.simulate_get("/ready").status_code == 200

@@ -1,0 +1,124 @@
+"""Real PostgreSQL and Redis for tests, started through the product's own code path
+(``fleet.local``), so test setup and the embedded default cannot drift apart.
+
+``start_services`` is the one factory of a PostgreSQL + Redis pair: ``conftest.py`` starts the
+session's pair with it (every test that only uses the servers shares it), and the
+``private_services`` fixture a pair of a module's own, for tests that stop or restart a
+server (fault tests). ``start_postgres`` / ``start_redis`` start one server alone (the
+embedded-default tests, the hostile-input corpus).
+
+The ports are fixed, overridable from the environment (two suites at once on one machine):
+see the top of ``conftest.py``.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import psycopg2
+import redis
+
+from fleet.local import LocalPostgres, LocalRedis
+from fleet.local.demo import create_demo_data
+from helpers.util import ADMIN_KEY, PASSWORD_ENV, SECRET_KEY
+
+
+def env_port(*names: str, default: int) -> int:
+    """The first of the environment variables ``names`` that is set, else ``default``."""
+    for name in names:
+        if os.environ.get(name):
+            return int(os.environ[name])
+    return default
+
+
+PG_PORT = env_port("GATEWAY_TEST_PG_PORT", default=54439)          # the session's pair
+REDIS_PORT = env_port("GATEWAY_TEST_REDIS_PORT", default=63839)
+PRIVATE_PG_PORT = env_port("GATEWAY_TEST_PRIVATE_PG_PORT", "GATEWAY_TEST_FLEET_PG_PORT", default=54459)
+PRIVATE_REDIS_PORT = env_port("GATEWAY_TEST_PRIVATE_REDIS_PORT", "GATEWAY_TEST_FLEET_REDIS_PORT", default=63859)
+CORPUS_PG_PORT = env_port("GATEWAY_TEST_CORPUS_PG_PORT", default=54469)
+LOCAL_PG_PORT = env_port("GATEWAY_TEST_LOCAL_PG_PORT", default=54419)
+LOCAL_REDIS_PORT = env_port("GATEWAY_TEST_LOCAL_REDIS_PORT", default=63819)
+
+
+def start_postgres(home: Path | str, port: int) -> LocalPostgres:
+    """A running local PostgreSQL under ``home`` on 127.0.0.1:``port`` (``.url(db)``)."""
+    server = LocalPostgres(home, port)
+    server.start()
+    return server
+
+
+def start_redis(home: Path | str, port: int) -> LocalRedis:
+    """A running password-protected Redis under ``home`` on 127.0.0.1:``port`` (``.url()``)."""
+    server = LocalRedis(home, port)
+    server.start()
+    return server
+
+
+class Services:
+    """A PostgreSQL (the store in its ``gateway`` database) and a Redis, and what a test or a
+    gateway process needs to use them."""
+
+    def __init__(self, home: Path, pg: LocalPostgres, rd: LocalRedis, data_database: str):
+        self.home = home
+        self.pg = pg
+        self.redis = rd
+        self.data_database = data_database   # the database test connections read
+        self.store_url = pg.url("gateway")
+
+    @property
+    def redis_url(self) -> str:
+        return self.redis.url()
+
+    def redis_client(self, timeout: float = 2.0) -> redis.Redis:
+        return redis.Redis.from_url(self.redis_url, socket_timeout=timeout, socket_connect_timeout=timeout)
+
+    def sql(self, statement: str, args=(), db: str = "gateway"):
+        """Run ``statement`` as the superuser on the store (or ``db``); its rows, if any."""
+        conn = psycopg2.connect(self.pg.url(db), connect_timeout=5)
+        conn.autocommit = True
+        try:
+            with conn.cursor() as cur:
+                cur.execute(statement, args)
+                return cur.fetchall() if cur.description else None
+        finally:
+            conn.close()
+
+    def env(self, home: Path, **settings) -> dict:
+        """The environment of a gateway process (a gunicorn master, ``fleet``) on these
+        servers, configured as the session's in-process app; ``settings``: more GATEWAY_*."""
+        env = {k: v for k, v in os.environ.items() if not k.startswith("GATEWAY_")}
+        env.update({"GATEWAY_DATABASE_URL": self.store_url, "GATEWAY_REDIS_URL": self.redis_url,
+                    "GATEWAY_ADMIN_KEY": ADMIN_KEY, "GATEWAY_SECRET_KEY": SECRET_KEY,
+                    "GATEWAY_HOME": str(home), "GATEWAY_LOG_LEVEL": "warning",
+                    # Timeout tests need a slow statement; the deny list refuses pg_sleep by default.
+                    "GATEWAY_ALLOW_FUNCTIONS": "pg_sleep",
+                    PASSWORD_ENV: self.pg.password()})
+        env.update({"GATEWAY_" + k.upper(): str(v) for k, v in settings.items()})
+        return env
+
+    def stop(self) -> None:
+        self.redis.stop()
+        self.pg.stop()
+
+
+def start_services(home: Path, pg_port: int, redis_port: int, demo: bool = False) -> Services:
+    """A running PostgreSQL + Redis pair under ``home``, the store's database made; with
+    ``demo`` the ``demo`` database and its tables too (connections read it), else
+    connections read ``postgres``."""
+    home.mkdir(parents=True, exist_ok=True)
+    pg = start_postgres(home, pg_port)
+    try:
+        rd = start_redis(home, redis_port)
+    except BaseException:
+        pg.stop()
+        raise
+    services = Services(home, pg, rd, "demo" if demo else "postgres")
+    try:
+        pg.ensure_database("gateway")
+        if demo:
+            pg.ensure_database("demo")
+            create_demo_data(pg.url("demo"))
+    except BaseException:
+        services.stop()
+        raise
+    return services

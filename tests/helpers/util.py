@@ -1,0 +1,41 @@
+"""Small things every test module may need: the repository root, the session's keys, unique
+names, a free port, and polling until something holds."""
+from __future__ import annotations
+
+import socket
+import time
+import uuid
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+# One admin key and one secret key for every gateway process of the session (the in-process
+# apps, the gunicorn masters, ``fleet up``): they share one store, whose connection passwords
+# are encrypted with the secret key.
+ADMIN_KEY = "test-admin-" + uuid.uuid4().hex
+SECRET_KEY = "test-secret-" + uuid.uuid4().hex
+# Connections refer to their database's password as ${GW_TEST_DEMO_PASSWORD}: every gateway
+# process reads it from its environment (``Services.env``; the session fixture sets it in
+# this process's own for the in-process apps).
+PASSWORD_ENV = "GW_TEST_DEMO_PASSWORD"
+
+
+def unique(prefix: str) -> str:
+    return f"{prefix}_{uuid.uuid4().hex[:10]}"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def wait_until(predicate, timeout_s: float, interval_s: float = 0.05, what: str = "condition"):
+    """The first true value of ``predicate()``; AssertionError after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
+        time.sleep(interval_s)

@@ -1,0 +1,219 @@
+"""Values never become SQL: the attacks of the governance issue, replayed, and a property
+test that no value can change a statement whatever quoting surrounds its placeholders.
+
+Every test here failed on the hand-written scanner (``gateway/sqltext.py``) that this
+reader replaced: it read a dollar quote with a non-ASCII tag, or a word ending in ``e``
+before a quote, differently from PostgreSQL, and pasted client-quoted values into the text.
+"""
+from __future__ import annotations
+
+import json
+
+import psycopg2
+import pytest
+from hypothesis import HealthCheck, given
+from hypothesis import settings as hsettings
+from hypothesis import strategies as st
+
+from gateway.errors import GatewayError
+from gateway.execution.pool import session_options
+from gateway.sql import Template, paged, read
+from helpers.services import PG_PORT
+from helpers.util import unique
+
+MARKER = "gw-secret-marker"
+
+
+@pytest.fixture(scope="module")
+def hidden_table(superuser):
+    """A table no test key is granted, holding a marker that must never come back."""
+    name = unique("hidden").lower()
+    superuser(f"CREATE TABLE {name} (secret text)", db="demo")
+    superuser(f"INSERT INTO {name} VALUES ('{MARKER}')", db="demo")
+    return name
+
+
+# --- the reported attacks, over HTTP ----------------------------------------------------------
+def _payloads(hidden: str) -> list[str]:
+    escape = f"(SELECT secret FROM {hidden})"
+    return [
+        f"' $é$, {escape} AS leak, $é$",
+        f"$é$ || {escape} || $é$",
+        f"x' || {escape} || '",
+        f"\\' || {escape} || '",
+        f"x'; COMMIT; BEGIN READ WRITE; INSERT INTO {hidden} VALUES ('pwned'); --",
+        f"*/ || {escape} || /*",
+        f"\n|| {escape} --",
+    ]
+
+
+@pytest.mark.parametrize("sql", [
+    "SELECT $é$ :p $é$ AS b",                    # a dollar tag with a non-ASCII letter
+    "SELECT $Ω$ :p $Ω$ AS b",
+    "SELECT somee' :p ' AS b",                    # a word ending in e before a quote: not E''
+    "SELECT 1 AS somee, ' :p ' AS b",
+    "SELECT e' \\' :p ' AS b",                     # a real E'' string: the \\' does not end it
+    "SELECT /* /* :p */ */ 1 AS b",               # nested comments
+    "SELECT U&' :p ' AS b",
+])
+def test_a_value_is_never_sql_in_adhoc_statements(api, demo_connection, hidden_table, superuser, sql):
+    secret = api.key([], [demo_connection], allowed_tables=["public.customers"], allow_writes=True)
+    for payload in _payloads(hidden_table):
+        got = api.adhoc(secret, {"sql": sql, "params": {"p": payload}, "connection_name": demo_connection})
+        assert got.status in (200, 400), got
+        assert MARKER not in got.text and "pwned" not in got.text, (sql, payload, got)
+        if got.status == 400:
+            assert got.json["code"] in ("param_invalid", "analysis_failed", "invalid_sql"), got
+    assert superuser(f"SELECT count(*) FROM {hidden_table}", db="demo")[0][0] == 1
+
+
+def test_a_placeholder_inside_a_string_is_text_and_its_value_is_refused(api, demo_connection):
+    secret = api.key([], [demo_connection])
+    got = api.adhoc(secret, {"sql": "SELECT $é$ :p $é$ AS b", "connection_name": demo_connection})
+    assert got.status == 200 and got.json == [{"b": " :p "}], got
+    got = api.adhoc(secret, {"sql": "SELECT $é$ :p $é$ AS b", "params": {"p": "x"},
+                             "connection_name": demo_connection})
+    assert got.status == 400 and got.json["code"] == "param_invalid", got
+
+
+@pytest.mark.parametrize("sql", [
+    "SELECT $é$ :p $é$ AS b, :p AS v",
+    "SELECT 1 AS somee, ' :p ' AS b, :p AS v",
+    "SELECT name AS b, :p AS v FROM customers WHERE id = 1",
+])
+def test_a_value_is_never_sql_when_streamed(api, endpoint, hidden_table, sql):
+    ep = endpoint(sql, {"p": {"type": "str", "required": True}})
+    for payload in _payloads(hidden_table):
+        got = api.call(ep.query, ep.secret, {"p": payload, "stream": "true", "format": "ndjson"})
+        assert got.status == 200, got
+        assert MARKER not in got.text, (sql, payload, got.text)
+        lines = [json.loads(line) for line in got.text.splitlines()]
+        assert len(lines) == 1 and lines[0]["v"] == payload, lines
+
+
+def test_streamed_values_keep_their_types(api, endpoint):
+    ep = endpoint("SELECT :i AS i, :f AS f, :b AS b, :d AS d, :t AS t, - :i AS neg",
+                  {"i": {"type": "int"}, "f": {"type": "float"}, "b": {"type": "bool"},
+                   "d": {"type": "date"}, "t": {"type": "str"}})
+    got = api.call(ep.query, ep.secret, {"i": "-7", "f": "2.5", "b": "true", "d": "2024-02-29",
+                                         "t": "it's", "stream": "true", "format": "csv"})
+    assert got.status == 200, got
+    assert got.text.splitlines() == ["i,f,b,d,t,neg", "-7,2.5,true,2024-02-29,it's,7"]
+
+
+# --- the session reads literals as the reader writes them ------------------------------------
+def test_sessions_pin_standard_conforming_strings(services, superuser):
+    database = unique("nonstd").lower()
+    superuser(f"CREATE DATABASE {database}", db="postgres")
+    superuser(f"ALTER DATABASE {database} SET standard_conforming_strings = off", db="postgres")
+    conn = psycopg2.connect(host="127.0.0.1", port=PG_PORT, dbname=database, user="postgres",
+                            password=services.pg.password(), options=session_options(5000, True))
+    try:
+        conn.autocommit = True
+        assert conn.info.parameter_status("standard_conforming_strings") == "on"
+        statement = read("SELECT :p AS v")
+        text = Template(statement).render(["\\' || current_user || '"])
+        with conn.cursor() as cur:
+            cur.execute(text)
+            assert cur.fetchall() == [("\\' || current_user || '",)]
+    finally:
+        conn.close()
+
+
+# --- the property: no value changes a statement ---------------------------------------------
+_CHARS = st.characters(codec="utf-8", exclude_characters="\x00")
+_TAG = st.one_of(st.just(""), st.from_regex(r"[A-Za-z_\u00e9\u03a9][A-Za-z0-9_\u00e9]{0,3}", fullmatch=True))
+_TRICKY = st.sampled_from(["'", "''", "\\", "\\'", "$", "$$", "$é$", "--", "/*", "*/", ":p", ";", "\n", "e'", "E'",
+                           "U&'", "\"", "x"])
+_CONTENT = st.lists(st.one_of(_TRICKY, st.text(_CHARS, max_size=4)), max_size=6).map("".join)
+
+
+@st.composite
+def _construct(draw) -> str:
+    """A piece of SQL text that quotes or comments something, as PostgreSQL writes it."""
+    content = draw(_CONTENT)
+    kind = draw(st.sampled_from(["string", "escape", "dollar", "block", "line", "ident", "word_e"]))
+    if kind == "string":
+        return "'" + content.replace("'", "''") + "'"
+    if kind == "escape":
+        return "E'" + content.replace("\\", "\\\\").replace("'", "\\'") + "'"
+    if kind == "dollar":
+        tag = draw(_TAG)
+        return f"${tag}$" + content.replace(f"${tag}$", "") + f"${tag}$"
+    if kind == "block":
+        return "/* " + content.replace("*/", "").replace("/*", "") + " */ 1"
+    if kind == "line":
+        return "-- " + content.replace("\n", " ").replace("\r", " ") + "\n 1"
+    if kind == "ident":
+        return '1 AS "' + (content.replace('"', '""') or "x") + '"'
+    return "1 AS somee"
+
+
+@pytest.fixture(scope="module")
+def data_session(services):
+    conn = psycopg2.connect(host="127.0.0.1", port=PG_PORT, dbname="demo", user="postgres",
+                            password=services.pg.password(), options=session_options(5000, True))
+    conn.autocommit = True
+    yield conn
+    conn.close()
+
+
+@hsettings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
+                                                                      HealthCheck.too_slow])
+@given(before=_construct(), after=_construct(), value=_CONTENT)
+def test_no_value_changes_the_statement(data_session, before, after, value):
+    sql = f"SELECT {before}, :p AS v, {after}"
+    try:
+        statement = read(sql)
+    except GatewayError as error:
+        assert error.status == 400
+        return
+    # The reader found :p where PostgreSQL reads code, and only there.
+    assert statement.order == ("p",)
+    rendered = Template(paged(statement)).render([value, 1000, 0])
+    with data_session.cursor() as cur:
+        cur.execute(rendered)
+        rows = cur.fetchall()
+        names = [d.name for d in cur.description]
+    assert len(rows) == 1 and names.count("v") == 1
+    assert rows[0][names.index("v")] == value
+    # And the same statement, prepared with the value sent as a parameter, agrees.
+    with data_session.cursor() as cur:
+        cur.execute("DEALLOCATE ALL")
+        cur.execute(f"PREPARE gw_prop AS {statement.text}")
+        cur.execute("EXECUTE gw_prop(%s)", (value,))
+        assert cur.fetchall() == rows
+
+
+@pytest.mark.parametrize("value", ["'", "\\", "$é$", "*/", "--", "'); DROP TABLE x; --", "\\'' OR 1=1 --"])
+def test_a_value_that_would_break_out_is_still_only_data(value):
+    statement = read("SELECT $é$ x $é$ AS a, :p AS v")
+    text = Template(statement).render([value])
+    assert text.endswith("'" + value.replace("'", "''") + "' AS v")
+
+
+def test_a_tampered_rendering_is_refused():
+    statement = read("SELECT :p AS v, :q AS w")
+    template = Template(statement)
+    template._pieces = ("SELECT ", " AS v, 1 AS w -- ", " AS w")   # as if quoting had gone wrong
+    with pytest.raises(GatewayError) as info:
+        template.render(["a", "b"])
+    assert info.value.code == "param_invalid"
+
+
+# --- hostile shapes answer 4xx ---------------------------------------------------------------
+@pytest.mark.parametrize("sql", [
+    "SELECT " + "(" * 500 + "1" + ")" * 500 + " AS x",
+    "SELECT " + "ARRAY[" * 200 + "1" + "]" * 200 + " AS x",
+    "SELECT " + "+".join(["1"] * 30000) + " AS x",
+    "SELECT " + " ".join(["NOT"] * 20000) + " true AS x",
+    "SELECT " + "CASE WHEN true THEN " * 3000 + "1" + " END" * 3000 + " AS x",
+])
+def test_deep_statements_are_refused_not_crashed(api, demo_connection, caplog, sql):
+    secret = api.key([], [demo_connection])
+    got = api.adhoc(secret, {"sql": sql, "connection_name": demo_connection})
+    assert got.status == 400 and got.json["code"] in ("analysis_failed", "invalid_sql"), got
+    saved = api.manage("POST", "/queries", {"name": unique("deep"), "connection_name": demo_connection,
+                                            "sql": sql, "publish": True})
+    assert saved.status == 400 and saved.json["code"] in ("analysis_failed", "invalid_sql"), saved
+    assert all(len(record.getMessage()) < 8000 for record in caplog.records)
