@@ -45,10 +45,7 @@ class Changes:
     @contextmanager
     def cursor(self) -> Iterator[store.Cursor]:
         """One short store transaction (committed at the end, rolled back on error)."""
-        try:
-            conn = self._pool.getconn()
-        except (psycopg2.Error, psycopg2.pool.PoolError):
-            raise unavailable("store_unavailable", "the gateway's store cannot be reached") from None
+        conn = self._live_connection()
         broken = False
         try:
             with conn.cursor(cursor_factory=psycopg2.extras.RealDictCursor) as cur:
@@ -63,6 +60,24 @@ class Changes:
             raise
         finally:
             self._pool.putconn(conn, close=broken or bool(conn.closed))
+
+    def _live_connection(self) -> psycopg2.extensions.connection:
+        """A pooled store connection that answers. After a restart of the store every idle
+        one is dead, and that is found only on use: each is tried with a trivial statement
+        (one round trip, on a management call only) and replaced, so the first call after
+        the store is back does not fail."""
+        for _ in range(self._pool.maxconn + 1):
+            try:
+                conn = self._pool.getconn()
+            except (psycopg2.Error, psycopg2.pool.PoolError):
+                raise unavailable("store_unavailable", "the gateway's store cannot be reached") from None
+            try:
+                with conn.cursor() as cur:
+                    cur.execute("SELECT 1")
+                return conn
+            except (psycopg2.OperationalError, psycopg2.InterfaceError):
+                self._pool.putconn(conn, close=True)
+        raise unavailable("store_unavailable", "the gateway's store cannot be reached")
 
     @contextmanager
     def change(self, action: str, kind: str, name: str) -> Iterator[store.Cursor]:

@@ -91,6 +91,15 @@ class SessionPool:
             self._open -= 1
             self._cond.notify()
 
+    def discard_idle(self) -> None:
+        """One session was found dead: the server was likely restarted, and every idle
+        session opened before is dead too. Close them all, so the next calls open fresh
+        ones instead of each finding a dead one."""
+        with self._cond:
+            idle, self._idle = self._idle, []
+        for session in idle:
+            self._discard(session)
+
     def close(self) -> None:
         with self._cond:
             self._closed = True

@@ -6,8 +6,8 @@ that same message, so every call is exactly one round trip to the data database.
 """
 from __future__ import annotations
 
-from collections.abc import Generator, Iterable, Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Generator, Iterable, Sequence
+from typing import TYPE_CHECKING, TypeVar
 
 import psycopg2
 import psycopg2.errorcodes
@@ -24,6 +24,8 @@ if TYPE_CHECKING:
     from ..settings import Settings
 
 Batches = Generator[list[tuple], None, None]   # a stream's row batches (close() ends it early)
+
+T = TypeVar("T")
 
 # NUMERIC as float, on data sessions only (the store keeps its own types).
 _NUMERIC_AS_FLOAT = psycopg2.extensions.new_type(
@@ -101,9 +103,39 @@ def _prefix(session: Session, qv: QueryVersion, timeout_ms: int | None) -> tuple
     return "".join(parts), preparing
 
 
+class _Dead(Exception):
+    """The session's connection is gone (the server restarted, the network dropped it)."""
+
+    def __init__(self, error: psycopg2.Error) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+def _healing(pool: SessionPool, write: bool, attempt: Callable[[], T]) -> T:
+    """Run ``attempt`` on a pooled session; when its connection turns out dead, the pool's
+    idle sessions are dropped (they died with it) and a read runs once more on a fresh one,
+    so a restart of the data database costs callers no more than its own duration. A write
+    is never run twice: whether it reached the server cannot be known."""
+    try:
+        return attempt()
+    except _Dead as dead:
+        pool.discard_idle()
+        if write:
+            raise translate(dead.error) from None
+    try:
+        return attempt()
+    except _Dead as dead:
+        pool.discard_idle()
+        raise translate(dead.error) from None
+
+
 def execute(pool: SessionPool, qv: QueryVersion, args: tuple, timeout_ms: int | None) -> Result:
     """Reads: one round trip. Writes: the statement inside BEGIN (same message), then COMMIT,
     or ROLLBACK when it touched more than the query's ``max_affected_rows``."""
+    return _healing(pool, qv.kind == "write", lambda: _execute(pool, qv, args, timeout_ms))
+
+
+def _execute(pool: SessionPool, qv: QueryVersion, args: tuple, timeout_ms: int | None) -> Result:
     session = pool.acquire()
     broken = False
     preparing = False
@@ -123,7 +155,9 @@ def execute(pool: SessionPool, qv: QueryVersion, args: tuple, timeout_ms: int | 
         return result
     except psycopg2.Error as exc:
         broken = _is_broken(exc)
-        if preparing and not broken:
+        if broken:
+            raise _Dead(exc) from None
+        if preparing:
             _learn_prepared(session, qv)
         raise translate(exc) from None
     finally:
@@ -133,6 +167,10 @@ def execute(pool: SessionPool, qv: QueryVersion, args: tuple, timeout_ms: int | 
 def execute_text(pool: SessionPool, sql: str, timeout_ms: int | None, write: bool) -> Result:
     """An ad-hoc statement, analysed, its values already bound as checked literals
     (``gateway.sql.Template``): one round trip for a read; a write inside BEGIN ... COMMIT."""
+    return _healing(pool, write, lambda: _execute_text(pool, sql, timeout_ms, write))
+
+
+def _execute_text(pool: SessionPool, sql: str, timeout_ms: int | None, write: bool) -> Result:
     session = pool.acquire()
     broken = False
     cur = session.cursor
@@ -149,6 +187,8 @@ def execute_text(pool: SessionPool, sql: str, timeout_ms: int | None, write: boo
         return result
     except psycopg2.Error as exc:
         broken = _is_broken(exc)
+        if broken:
+            raise _Dead(exc) from None
         raise translate(exc) from None
     finally:
         _give_back(pool, session, broken)
@@ -199,7 +239,13 @@ def _finish_write(cur: psycopg2.extensions.cursor, qv: QueryVersion, rowcount: i
 def stream(pool: SessionPool, sql: str, timeout_ms: int | None, fetch_rows: int) -> tuple[tuple[str, ...], Batches]:
     """Open a server-side cursor over ``sql`` (its values already bound as checked
     literals); returns the column names and a generator of row batches that holds the
-    session until it is exhausted or closed."""
+    session until it is exhausted or closed. Opening it heals like a read (nothing has been
+    sent to the caller yet)."""
+    return _healing(pool, False, lambda: _open_stream(pool, sql, timeout_ms, fetch_rows))
+
+
+def _open_stream(pool: SessionPool, sql: str, timeout_ms: int | None,
+                 fetch_rows: int) -> tuple[tuple[str, ...], Batches]:
     session = pool.acquire()
     conn = session.conn
     try:
@@ -213,7 +259,10 @@ def stream(pool: SessionPool, sql: str, timeout_ms: int | None, fetch_rows: int)
         first = cur.fetchmany(fetch_rows)
         columns = tuple(unique_names(d.name for d in cur.description))
     except psycopg2.Error as exc:
-        _end_stream(pool, session, _is_broken(exc))
+        broken = _is_broken(exc)
+        _end_stream(pool, session, broken)
+        if broken:
+            raise _Dead(exc) from None
         raise translate(exc) from None
     except GatewayError:
         _end_stream(pool, session, False)

@@ -58,18 +58,34 @@ class CatalogHolder:
         with self._lock:
             if at_least and self.catalog.generation >= at_least:
                 return self.catalog.generation
+            # A held connection may have died with a restart of the store since its last use:
+            # that is found on first use, and the read is made once more on a fresh one.
+            reused = self._conn is not None and not self._conn.closed
             try:
-                conn = self._store()
-                if not at_least and self.reloads:
-                    with conn.cursor() as cur:
-                        cur.execute("SELECT generation FROM gw_catalog_state")
-                        if cur.fetchone()[0] == self.catalog.generation:
-                            return self.catalog.generation
-                self._swap(catalog_mod.load(conn))
-                return self.catalog.generation
+                return self._load(at_least)
+            except (psycopg2.OperationalError, psycopg2.InterfaceError):
+                self._drop_store()
+                if not reused:
+                    raise
             except psycopg2.Error:
                 self._drop_store()
                 raise
+            try:
+                return self._load(at_least)
+            except psycopg2.Error:
+                self._drop_store()
+                raise
+
+    def _load(self, at_least: int) -> int:
+        conn = self._store()
+        if not at_least and self.reloads:
+            with conn.cursor() as cur:
+                cur.execute("SELECT generation FROM gw_catalog_state")
+                row = cur.fetchone()
+                if row is not None and row[0] == self.catalog.generation:
+                    return self.catalog.generation
+        self._swap(catalog_mod.load(conn))
+        return self.catalog.generation
 
     def _swap(self, new: catalog_mod.Catalog) -> None:
         old, self.catalog = self.catalog, new

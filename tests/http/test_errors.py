@@ -7,6 +7,7 @@ import time
 from types import SimpleNamespace
 
 import falcon.testing
+import psycopg2
 import pytest
 
 from gateway.errors import CODES
@@ -54,14 +55,23 @@ def _store_unavailable(ctx):
 
 def _catalog_stale(ctx):
     """Bus unreachable, so every request confirms the catalog with the store; the store
-    session breaks: the worker cannot confirm, and says so instead of serving."""
+    becomes unreachable: the worker cannot confirm, and says so instead of serving. (A
+    store session that merely died is replaced on the spot: see tests/execution/test_healing.py.)"""
     ep = ctx.endpoint("SELECT 1 AS one")
     app = _dead_redis_app(ctx)
     client = falcon.testing.TestClient(app)
     headers = {"X-API-Key": ep.secret}
     assert client.simulate_get(f"/q/{ep.query}", headers=headers).status_code == 200
-    _terminate(ctx, app.parts.holder._conn)
-    got = client.simulate_get(f"/q/{ep.query}", headers=headers)
+    holder = app.parts.holder
+    connect = holder._connect
+
+    closed_port = free_port()   # a real connection attempt, refused: nothing listens there
+    holder._connect = lambda: psycopg2.connect(host="127.0.0.1", port=closed_port, connect_timeout=2)
+    try:
+        _terminate(ctx, holder._conn)
+        got = client.simulate_get(f"/q/{ep.query}", headers=headers)
+    finally:
+        holder._connect = connect
     assert client.simulate_get(f"/q/{ep.query}", headers=headers).status_code == 200  # recovers
     return got
 
