@@ -52,7 +52,7 @@ from .harness import (
 from .system import REPO
 from .targets import TargetError
 
-KNOWN_TARGETS = ('peer', 'gateway')
+KNOWN_TARGETS = ('peer', 'gateway', 'base')
 
 
 def parse_args(argv=None):
@@ -70,7 +70,8 @@ def parse_args(argv=None):
                              'filled by fleet.local.demo.create_demo_data')
     parser.add_argument('--local-pg-port', type=int, default=54510)
     parser.add_argument('--targets', default='peer,gateway',
-                        help='comma list of: peer (QueryAPIGate 0.43.0), gateway (ours). Default: both')
+                        help='comma list of: peer (QueryAPIGate 0.43.0), gateway (ours), base (ours from --base-root: '
+                             'an older build in the same run). Default: peer,gateway')
     parser.add_argument('--rounds', type=int, default=5)
     parser.add_argument('--duration', type=float, default=10, help='seconds per run (default 10)')
     parser.add_argument('--connections', default=None,
@@ -95,6 +96,9 @@ def parse_args(argv=None):
     parser.add_argument('--gateway-root', type=Path, default=REPO,
                         help='checkout of our gateway to run (default: this repo); e.g. a `git worktree` of an older '
                              'commit, to compare builds')
+    parser.add_argument('--base-root', type=Path, default=None,
+                        help='for the `base` target: a checkout of an older commit (e.g. a `git worktree`)')
+    parser.add_argument('--base-port', type=int, default=18003)
     parser.add_argument('--keep-stores', action='store_true',
                         help='reuse the targets\' store databases instead of recreating them empty')
     parser.add_argument('--create-data', action='store_true',
@@ -111,6 +115,10 @@ def parse_args(argv=None):
         parser.error('give one of --database-url and --local-pg')
     args.out = args.out.resolve()
     args.gateway_root = args.gateway_root.resolve()
+    if 'base' in (args.targets or ''):
+        if args.base_root is None:
+            raise SystemExit('--targets includes base: give --base-root (a checkout of the build to compare with)')
+        args.base_root = args.base_root.resolve()
     args.targets = [t.strip() for t in args.targets.split(',') if t.strip()]
     unknown = [t for t in args.targets if t not in KNOWN_TARGETS]
     if unknown or not args.targets or len(set(args.targets)) != len(args.targets):

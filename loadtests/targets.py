@@ -207,14 +207,23 @@ GATEWAY_VENV = REPO / '.venv'
 
 def gateway_available(root: Path = REPO) -> str | None:
     """None when our gateway can be started from checkout `root`; otherwise what is missing."""
-    missing = [p for p in ('fleet/gunicorn_conf.py', 'fleet/app.py') if not (root / p).exists()]
+    missing = [p for p in ('fleet/gunicorn_conf.py',) if not (root / p).exists()]
+    if not (root / 'fleet/app.py').exists() and not (root / 'gateway/app.py').exists():
+        missing.append('fleet/app.py')
     if not (GATEWAY_VENV / 'bin' / 'gunicorn').exists():
         missing.append('.venv/bin/gunicorn')
     return ('missing ' + ', '.join(missing) + f' (in {root})') if missing else None
 
 
+def wsgi_entry(root: Path) -> str:
+    """The WSGI entry point of checkout `root`: fleet.app since the composition root moved there; an older commit's
+    gateway.app before that (so two builds can be measured side by side)."""
+    return 'fleet.app:create_app()' if (root / 'fleet' / 'app.py').exists() else 'gateway.app:create_app()'
+
+
 def start_gateway(*, port: int, cpu: str, store_url: str, redis_url: str, run_dir: Path,
-                  admin_key: str | None = None, extra_env: dict | None = None, root: Path = REPO) -> Target:
+                  admin_key: str | None = None, extra_env: dict | None = None, root: Path = REPO,
+                  name: str = 'gateway') -> Target:
     """Our gateway, one worker pinned to `cpu`, as the lead specified:
     GATEWAY_DATABASE_URL=... GATEWAY_REDIS_URL=... GATEWAY_ADMIN_KEY=... GATEWAY_SECRET_KEY=... GATEWAY_WORKERS=1
     GATEWAY_CPUS=<cpu> .venv/bin/gunicorn -c fleet/gunicorn_conf.py --bind 127.0.0.1:<port> 'fleet.app:create_app()'
@@ -224,7 +233,7 @@ def start_gateway(*, port: int, cpu: str, store_url: str, redis_url: str, run_di
     if problem:
         raise TargetError(f'gateway target not available yet: {problem}')
     admin_key = admin_key or 'adm_' + secrets.token_urlsafe(24)
-    home = run_dir / 'gateway-home'
+    home = run_dir / f'{name}-home'
     home.mkdir(parents=True, exist_ok=True)
     env = {k: v for k, v in os.environ.items() if not k.startswith('GATEWAY_')}
     settings = {'GATEWAY_DATABASE_URL': store_url, 'GATEWAY_REDIS_URL': redis_url,
@@ -232,13 +241,14 @@ def start_gateway(*, port: int, cpu: str, store_url: str, redis_url: str, run_di
                 'GATEWAY_WORKERS': '1', 'GATEWAY_CPUS': cpu, 'GATEWAY_HOME': str(home), **(extra_env or {})}
     env.update(settings)
     cmd = [str(GATEWAY_VENV / 'bin' / 'gunicorn'), '-c', 'fleet/gunicorn_conf.py', '--bind', f'127.0.0.1:{port}',
-           'fleet.app:create_app()']
-    log_path = run_dir / 'gateway.log'
+           wsgi_entry(root)]
+    log_path = run_dir / f'{name}.log'
     process = start_process(cmd, env=env, cwd=root, log_path=log_path, cpu=cpu)
     shown = {k: ('***' if k in ('GATEWAY_ADMIN_KEY', 'GATEWAY_SECRET_KEY') else system.redact(v))
              for k, v in settings.items()}
-    return Target(name='gateway', base_url=f'http://127.0.0.1:{port}', admin_key=admin_key, pids=[process.pid],
-                  process=process, log_path=log_path, description='gateway-fleet (this repo), 1 worker',
+    described = 'gateway-fleet (this repo), 1 worker' if root == REPO else f'gateway-fleet at {root}, 1 worker'
+    return Target(name=name, base_url=f'http://127.0.0.1:{port}', admin_key=admin_key, pids=[process.pid],
+                  process=process, log_path=log_path, description=described,
                   info={'command': ' '.join(cmd), 'env': shown, 'cpu': cpu, 'root': str(root)})
 
 

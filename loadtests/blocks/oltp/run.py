@@ -10,7 +10,7 @@ from ... import peer, system, targets
 from ...harness import log, run_rounds
 from ...targets import Target
 
-STORE_DB = {'peer': 'qagstore', 'gateway': 'gwstore'}
+STORE_DB = {'peer': 'qagstore', 'gateway': 'gwstore', 'base': 'gwbase'}
 
 
 def start_targets(args, work_dir: Path, cleanup: list) -> list[Target]:
@@ -30,8 +30,11 @@ def start_targets(args, work_dir: Path, cleanup: list) -> list[Target]:
                 process, redis_url = targets.start_redis(port=args.redis_port, cpu=args.pg_cpu, run_dir=work_dir)
                 cleanup.append(process)
                 log(f'started redis-server at {redis_url} (CPU {args.pg_cpu})')
-            target = targets.start_gateway(port=args.gateway_port, cpu=args.target_cpu, store_url=store_url,
-                                           redis_url=redis_url, run_dir=work_dir, root=args.gateway_root)
+            # `base`: the same gateway from another checkout (--base-root), measured in the same run
+            base = name == 'base'
+            target = targets.start_gateway(port=args.base_port if base else args.gateway_port, cpu=args.target_cpu,
+                                           store_url=store_url, redis_url=redis_url, run_dir=work_dir,
+                                           root=args.base_root if base else args.gateway_root, name=name)
             cleanup.append(target.process)
             targets.wait_healthy(target)
         if target.process not in cleanup:
