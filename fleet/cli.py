@@ -113,9 +113,13 @@ http {{
             proxy_http_version 1.1;
             proxy_set_header Connection "";
             proxy_set_header X-Forwarded-For $remote_addr;
-            # A failed connect is retried on another instance; a request that reached an
-            # instance is never sent twice (non-idempotent methods are not retried).
-            proxy_next_upstream error timeout http_502 http_503;
+            # An instance that is down (refused or timed-out connect) is skipped and the
+            # request tried on another; an instance that answers, even a typed 503 with
+            # Retry-After (its database is restarting), is up: its answer goes to the caller
+            # and does not count against it, so the pool is never emptied by answers and
+            # nginx never turns them into 502. A request that reached an instance is never
+            # sent twice (non-idempotent methods are not retried).
+            proxy_next_upstream error timeout;
             proxy_connect_timeout 1s;
             proxy_buffering off;
         }}
@@ -129,7 +133,9 @@ def start_balancer(settings: Settings, binds: list[str]) -> None:
     home = _home(settings)
     (home / "nginx").mkdir(parents=True, exist_ok=True)
     conf = home / "nginx.conf"
-    servers = "\n".join(f"        server {b} max_fails=1 fail_timeout=2s;" for b in binds)
+    # Down after 3 failed connects within 1 s, tried again 1 s later: one failure is not
+    # enough to take an instance out.
+    servers = "\n".join(f"        server {b} max_fails=3 fail_timeout=1s;" for b in binds)
     conf.write_text(NGINX_CONF.format(home=home, servers=servers, bind=settings.bind,
                                       user="user root;" if os.geteuid() == 0 else ""))
     pid = _pid_alive(home / "run" / "nginx.pid")
