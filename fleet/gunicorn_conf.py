@@ -39,6 +39,11 @@ workers = _settings.worker_count()
 worker_class = _settings.worker_class
 threads = _settings.threads
 keepalive = _settings.keepalive
+# GATEWAY_REUSE_PORT=on: each worker its own listening socket, which the kernel spreads
+# connections across; off by default: restarts then reset queued connections (settings).
+reuse_port = _settings.reuse_port_enabled()
+max_requests = _settings.max_requests
+max_requests_jitter = _settings.max_requests // 10
 timeout = 60
 graceful_timeout = 30
 # Worker heartbeat files in memory, never on a disk that can stall.

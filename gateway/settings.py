@@ -19,6 +19,16 @@ def _doc(default: Any, help_text: str, env: str | None = None) -> Any:
     return field(default=default, metadata={"help": help_text, "env": env})
 
 
+def tcp_migrate_req() -> bool:
+    """Whether the kernel migrates the connections queued on a closing ``SO_REUSEPORT``
+    socket to the other sockets of its group (Linux 5.14+, per network namespace)."""
+    try:
+        with open("/proc/sys/net/ipv4/tcp_migrate_req") as f:
+            return f.read().strip() == "1"
+    except OSError:
+        return False
+
+
 @dataclass(slots=True, frozen=True)
 class Settings:
     # --- where things live -------------------------------------------------------------
@@ -46,6 +56,14 @@ class Settings:
     threads: int = _doc(8, "Threads per worker (gthread worker class).")
     keepalive: int = _doc(75, "Seconds an idle keep-alive connection is held (longer than a "
                           "load balancer's idle timeout).")
+    reuse_port: str = _doc("off", "One listening socket per worker (`SO_REUSEPORT`): `on` spreads "
+                           "keep-alive connections across a master's workers (a shared socket hands bursts "
+                           "to whichever wakes first) but a worker that restarts (recycling, reload) resets "
+                           "or refuses connections queued for it, even with `net.ipv4.tcp_migrate_req=1` "
+                           "(measured: tests/fleet/test_balance.py); `auto`: on where that sysctl is 1; "
+                           "`off` (default): one shared socket, no connection lost on a restart.")
+    max_requests: int = _doc(0, "Recycle a worker after this many requests (gunicorn `max_requests`, with "
+                             "a jitter of a tenth); 0: never. A recycled worker finishes what it holds.")
     max_body_bytes: int = _doc(1_048_576, "Largest request body accepted; larger answers 413.")
     instance: str = _doc("", "Name of this gunicorn master inside the fleet (used for its "
                          "control socket and heartbeat files). Empty: derived from the bind port.")
@@ -145,10 +163,18 @@ class Settings:
             raise SystemExit("GATEWAY_REDIS_FAILURE must be 'open' or 'closed'")
         if self.admission not in ("on", "off"):
             raise SystemExit("GATEWAY_ADMISSION must be 'on' or 'off'")
+        if self.reuse_port not in ("auto", "on", "off"):
+            raise SystemExit("GATEWAY_REUSE_PORT must be 'auto', 'on' or 'off'")
         for name in self.allowed_catalog_relations():
             if name.count(".") != 1 or not all(name.split(".")):
                 raise SystemExit("GATEWAY_ALLOW_CATALOG_RELATIONS names relations schema-qualified "
                                  f"(pg_catalog.pg_class), got {name!r}")
+
+    def reuse_port_enabled(self) -> bool:
+        """Whether each worker gets its own listening socket (see ``reuse_port``)."""
+        if self.reuse_port != "auto":
+            return self.reuse_port == "on"
+        return tcp_migrate_req()
 
     def worker_count(self) -> int:
         if self.workers > 0:

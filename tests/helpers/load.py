@@ -87,8 +87,9 @@ class Load:
             started = time.monotonic()
             try:
                 reply = session.get(base + self.path, headers=headers, timeout=10)
-            except requests.RequestException:
-                out.append(Call(started, time.monotonic(), 0, target=base))
+            except requests.RequestException as error:
+                out.append(Call(started, time.monotonic(), 0, code=type(error).__name__, target=base,
+                                body=str(error)[:300]))
                 session.close()
                 session = requests.Session()
                 continue
