@@ -247,3 +247,24 @@ def collect_versions(data: dict) -> dict:
         'wrk': system.wrk_version(),
         'git': system.git_state(),
     }
+
+
+def start_variant(args, work_dir, cleanup: list, index: int, name: str, extra: dict, store_db: str,
+                  key_extra: dict | None = None):
+    """One gateway of a block that compares settings: its own store database and its own Redis
+    (ports offset by `index`), one worker on the target core, provisioned; returns (target, redis_url)."""
+    from . import system, targets
+    store_url = system.dsn_with_db(args.database_url, store_db)
+    system.recreate_database(args.database_url, store_db, drop=not args.keep_stores)
+    process, redis_url = targets.start_redis(port=args.redis_port + index, cpu=args.pg_cpu, run_dir=work_dir / name)
+    cleanup.append(process)
+    target = targets.start_gateway(port=args.gateway_port + index, cpu=args.target_cpu, store_url=store_url,
+                                   redis_url=redis_url, run_dir=work_dir / name, extra_env=extra,
+                                   root=args.gateway_root, name=name)
+    cleanup.append(target.process)
+    target.description = f'gateway-fleet, 1 worker, {", ".join(f"{k}={v}" for k, v in extra.items())}'
+    targets.wait_healthy(target)
+    target.info['provisioned'] = targets.provision(target, args.database_url, key_extra=key_extra)
+    target.info['redis'] = system.redact(redis_url)
+    log(f'{name} ready at {target.base_url} (pid {target.pids[0]}), Redis {redis_url}')
+    return target, redis_url

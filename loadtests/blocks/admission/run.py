@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import redis
 
-from ... import system, targets
-from ...harness import WorkerCpu, log, run_rounds
+from ...harness import WorkerCpu, run_rounds, start_variant
 from . import OFF, ON
 
 HUGE_RATE = '1000000/second'
@@ -52,23 +51,9 @@ def run(block, args, work_dir, cleanup, meta, save_meta):
     live, probes = [], {}
     for index, (name, extra) in enumerate(((ON, {'GATEWAY_ADMISSION': 'on', 'GATEWAY_RATE_LIMIT': HUGE_RATE}),
                                            (OFF, {'GATEWAY_ADMISSION': 'off'}))):
-        store_db = f'gwstore_adm_{"on" if name == ON else "off"}'
-        store_url = system.dsn_with_db(args.database_url, store_db)
-        system.recreate_database(args.database_url, store_db, drop=not args.keep_stores)
-        process, redis_url = targets.start_redis(port=args.redis_port + index, cpu=args.pg_cpu,
-                                                 run_dir=work_dir / name)
-        cleanup.append(process)
-        target = targets.start_gateway(port=args.gateway_port + index, cpu=args.target_cpu, store_url=store_url,
-                                       redis_url=redis_url, run_dir=work_dir / name, extra_env=extra,
-                                       root=args.gateway_root)
-        cleanup.append(target.process)
-        target.name = name
-        target.description = f'gateway-fleet, 1 worker, {", ".join(f"{k}={v}" for k, v in extra.items())}'
-        targets.wait_healthy(target)
-        target.info['provisioned'] = targets.provision(target, args.database_url, key_extra=KEY_LIMITS)
+        target, redis_url = start_variant(args, work_dir, cleanup, index, name, extra,
+                                          f'gwstore_adm_{"on" if name == ON else "off"}', key_extra=KEY_LIMITS)
         target.info['key_limits'] = KEY_LIMITS
-        target.info['redis'] = system.redact(redis_url)
-        log(f'{name} ready at {target.base_url} (pid {target.pids[0]}), Redis {redis_url}')
         live.append(target)
         probes[name] = (WorkerCpu(target.pids[0]), RedisCommands(redis_url))
     meta['targets'] = [t.summary() for t in live]

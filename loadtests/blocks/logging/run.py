@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ... import system, targets
-from ...harness import WorkerCpu, log, run_rounds
+from ...harness import WorkerCpu, run_rounds, start_variant
 from . import BARE, OFF, ON
 
 TARGETS = (
@@ -53,22 +52,7 @@ def run(block, args, work_dir, cleanup, meta, save_meta):
     live, probes = [], {}
     for index, (name, extra) in enumerate(TARGETS):
         extra = {**COMMON, **extra}
-        store_db = f'gwstore_log_{index}'
-        store_url = system.dsn_with_db(args.database_url, store_db)
-        system.recreate_database(args.database_url, store_db, drop=not args.keep_stores)
-        process, redis_url = targets.start_redis(port=args.redis_port + index, cpu=args.pg_cpu,
-                                                 run_dir=work_dir / name)
-        cleanup.append(process)
-        target = targets.start_gateway(port=args.gateway_port + index, cpu=args.target_cpu, store_url=store_url,
-                                       redis_url=redis_url, run_dir=work_dir / name, extra_env=extra,
-                                       root=args.gateway_root)
-        cleanup.append(target.process)
-        target.name = name
-        target.description = f'gateway-fleet, 1 worker, {", ".join(f"{k}={v}" for k, v in extra.items())}'
-        targets.wait_healthy(target)
-        target.info['provisioned'] = targets.provision(target, args.database_url)
-        target.info['redis'] = system.redact(redis_url)
-        log(f'{name} ready at {target.base_url} (pid {target.pids[0]}), Redis {redis_url}')
+        target, _ = start_variant(args, work_dir, cleanup, index, name, extra, f'gwstore_log_{index}')
         live.append(target)
         probes[name] = (WorkerCpu(target.pids[0]), AccessLines(target.log_path))
     meta['targets'] = [t.summary() for t in live]
