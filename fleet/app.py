@@ -9,9 +9,10 @@ in-process ones. This is the one place that knows both sides.
 """
 from __future__ import annotations
 
-from gateway.app import GatewayApp, Ports, build_app, worker_name
+from gateway.app import GatewayApp, Ports, build_app, store_connector, worker_name
 from gateway.ports import AdmitAll, LocalSync, Sync
 from gateway.settings import Settings
+from gateway.store.history import AdmittedUsage
 
 from .bus import RedisBus
 from .events import RedisEvents
@@ -23,8 +24,11 @@ def ports_for(settings: Settings, sync: Sync | None = None) -> Ports:
         return Ports(sync=sync or LocalSync())
     sync = sync or RedisBus(settings.redis_url, settings.freshness_lease_ms, settings.bus_ping_ms,
                             settings.sync_timeout_ms)
+    # A quota bucket Redis does not hold (a new period, or Redis lost its data) starts from
+    # what the run history says the key was admitted this period.
     admission = AdmitAll() if settings.admission == "off" else \
-        LeasedAdmission(settings.redis_url, settings, workers_hint=lambda: sync.live_workers)
+        LeasedAdmission(settings.redis_url, settings, workers_hint=lambda: sync.live_workers,
+                        history=AdmittedUsage(store_connector(settings)))
     events = RedisEvents(settings.redis_url, settings.events_maxlen, settings.events_max_streams,
                          worker_name()) if settings.events else None
     return Ports(sync=sync, admission=admission, events=events)

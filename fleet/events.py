@@ -46,7 +46,7 @@ class RedisEvents:
         runs = b"\n".join(orjson.dumps(
             {"at": at, "request_id": rid, "key_id": key_id, "query": query, "version": version,
              "status": status, "code": code, "rows": rows, "duration_ms": round(duration_ms, 3), "worker": worker})
-            for at, rid, key_id, query, version, status, code, rows, duration_ms, worker in batch)
+            for at, rid, key_id, query, version, status, code, rows, duration_ms, worker, _ in batch)
         try:
             self._redis.xadd(STREAM, {"type": "runs", "data": runs}, maxlen=self._maxlen, approximate=True)
             self._failing = False

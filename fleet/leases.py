@@ -26,6 +26,35 @@ Guarantees (T any window, r the refill rate, b the burst, L = ``GATEWAY_LEASE_MS
   ``GATEWAY_LEASE_MAX``), halved when it expires with leftovers. A busy key costs about
   one script per K calls per worker; an idle key costs nothing.
 
+Redis lost its data (a restart without persistence, a failover to a replica that lagged, an
+eviction): a quota bucket Redis does not hold (at the start of a period too) is created from
+the run history before the key is admitted again: the calls of the key that passed admission
+since the period began, whatever their status, and their rows (``history``: the composition
+root passes ``gateway.store.history.AdmittedUsage``). The script reports a missing bucket
+instead of creating it; the worker reads the store (once per key and period, or after a
+loss: never per call) and asks again with what it found; workers that race create it once
+(the first script to run wins, the others' reads are dropped). Each bucket carries a random
+generation: a lease remembers the one it came from, and leftovers handed back to another
+generation are dropped (they were never added to it); a hand-back alone does not create a
+bucket, so the rebuild waits for the next admission and the history has caught up. Bounds:
+
+* Calls: the fleet admits at most **the quota + the calls in flight at the loss**: calls
+  admitted and not yet in the store's history when the bucket is rebuilt. Those are runs still
+  executing or queued in a worker's history writer (written every
+  ``GATEWAY_HISTORY_FLUSH_MS``; longer while the store is unreachable), calls spent from
+  leases taken from the lost bucket (at most one lease per worker: ``GATEWAY_LEASE_MAX`` and
+  a quarter of what was left, spent within L or dropped), and calls a worker's local fallback
+  admitted while Redis was away (together at most what was left) that were not yet written.
+  A loss while a key has been idle for one flush interval loses nothing: exact.
+* Rows: the same, in rows. Rows a worker still had to settle at the loss are added to the
+  rebuilt bucket, and count twice when their runs were already read (the strict side: at most
+  the rows of the last L). A stream's rows are charged as they are sent and its run records
+  none, so streamed rows are not recovered.
+* Rate limits are not rebuilt: a bucket restarts full, so a window holding one loss admits
+  at most one burst more, **b + b + r * (T + L)** (per key and per client IP).
+* The store unreachable when a bucket must be created: the worker decides as with Redis
+  unreachable (below) for that bucket and reads the store again after ``SEED_RETRY_S``.
+
 Redis unreachable (``GATEWAY_REDIS_FAILURE``): ``open`` admits through a local token bucket
 per worker holding its share (1/W, W = live workers last seen on the bus) of each limit and
 quota; ``closed`` answers 503. Either way the worker counts and logs the fallback once,
@@ -39,6 +68,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -47,7 +77,7 @@ from typing import TYPE_CHECKING
 import redis
 
 from gateway.errors import GatewayError
-from gateway.model.limits import Quota, Rate, quota_window
+from gateway.model.limits import Quota, Rate, quota_period, quota_window
 from gateway.ports import Clock, Headers, quota_exceeded, rate_limited
 
 if TYPE_CHECKING:
@@ -55,6 +85,11 @@ if TYPE_CHECKING:
     from gateway.settings import Settings
 
 log = logging.getLogger("fleet.leases")
+
+# (key id, period start in epoch seconds) -> (calls admitted, rows returned) since then, as
+# the run history holds them (``gateway.store.history.AdmittedUsage``).
+UsageReader = Callable[[int, float], tuple[int, int]]
+SEED_RETRY_S = 1.0     # a bucket that could not be rebuilt (store unreachable) is retried after this
 
 # KEYS[1]: bucket hash. ARGV: rate per ms, capacity, want, give back (0 from this module).
 # Returns {granted, tokens left (text: Lua numbers cross as integers), ms until 1 token}.
@@ -80,10 +115,26 @@ return {grant, tostring(tokens), tostring(wait)}
 """
 
 # KEYS[1]: quota hash for one key and period. ARGV: calls limit (-1: none), want, give
-# back, rows to add, expire at (epoch s). Returns {granted, calls used, rows used}.
+# back, rows to add, expire at (epoch s), the bucket generation the caller's lease came from,
+# and to create a missing bucket: a new generation ('': do not), its calls and rows (what the
+# run history holds). Returns {granted, calls used, rows used, generation}, or {-1, 0, 0, ''}
+# when the bucket is missing and no generation was given: the caller reads the history and
+# asks again. Leftovers handed back count only in the generation they were leased from.
 _TAKE_CALLS = """
+local gen = redis.call('HGET', KEYS[1], 'gen')
+if not gen then
+  if redis.call('EXISTS', KEYS[1]) == 1 then
+    gen = ''
+  elseif ARGV[7] == '' then
+    return {-1, 0, 0, ''}
+  else
+    gen = ARGV[7]
+    redis.call('HSET', KEYS[1], 'gen', gen, 'calls', ARGV[8], 'rows', ARGV[9])
+  end
+end
 local limit, want = tonumber(ARGV[1]), tonumber(ARGV[2])
 local back, rows = tonumber(ARGV[3]), tonumber(ARGV[4])
+if gen ~= ARGV[6] then back = 0 end
 local used = tonumber(redis.call('HGET', KEYS[1], 'calls') or '0') - back
 if used < 0 then used = 0 end
 local grant = 0
@@ -97,7 +148,7 @@ used = used + grant
 redis.call('HSET', KEYS[1], 'calls', used)
 local total_rows = redis.call('HINCRBY', KEYS[1], 'rows', rows)
 redis.call('EXPIREAT', KEYS[1], tonumber(ARGV[5]) + 86400)
-return {grant, used, total_rows}
+return {grant, used, total_rows, gen}
 """
 
 
@@ -105,7 +156,8 @@ class _Lease:
     """This worker's share of one shared bucket (rate limit or quota)."""
 
     __slots__ = ("bucket", "rate", "lock", "tokens", "expires", "want", "empty_until", "shared", "reset_s",
-                 "rows_pending", "rows_used", "local_tokens", "local_ts", "period_end")
+                 "rows_pending", "rows_used", "local_tokens", "local_ts", "period_end", "key_id",
+                 "period_start", "gen", "seed_after")
 
     def __init__(self, bucket: str) -> None:
         self.bucket = bucket       # the Redis key of the shared bucket
@@ -122,11 +174,17 @@ class _Lease:
         self.local_tokens: float | None = None   # fallback bucket while Redis is unreachable
         self.local_ts = 0.0
         self.period_end = 0
+        self.key_id = 0            # quotas: whose bucket, and when its period began
+        self.period_start = 0
+        self.gen = b""             # quotas: the generation of the shared bucket the lease came from
+        self.seed_after = 0.0      # quotas: the bucket could not be rebuilt; local until this (monotonic)
 
 
 class LeasedAdmission:
     def __init__(self, redis_url: str, settings: Settings, workers_hint: Callable[[], int] = lambda: 1,
-                 clock: Clock = time.monotonic, wall: Clock = time.time) -> None:
+                 clock: Clock = time.monotonic, wall: Clock = time.time, history: UsageReader | None = None) -> None:
+        """``history``: what a key was admitted since its period began, read from the store
+        when a quota bucket is created (without it, a bucket starts at 0)."""
         self._redis = redis.Redis.from_url(redis_url, socket_timeout=settings.redis_timeout_ms / 1000,
                                            socket_connect_timeout=settings.redis_timeout_ms / 1000)
         self._take_tokens = self._redis.register_script(_TAKE_TOKENS)
@@ -139,12 +197,16 @@ class LeasedAdmission:
         self._workers_hint = workers_hint
         self._clock = clock
         self._wall = wall
+        self._history = history
         self._leases: dict[str, _Lease] = {}
-        self._windows: dict[str, tuple[str, int]] = {}
+        self._windows: dict[str, tuple[str, int, int]] = {}
         self._leases_lock = threading.Lock()
         self._down_until = 0.0
         self.fallbacks = 0          # calls admitted or refused by the local fallback
         self.redis_calls = 0
+        self.rebuilt = 0            # quota buckets created from the run history (new period or lost)
+        self.lost = 0               # ... of which this worker had leased from before: Redis lost them
+        self._warned_until = 0.0
         self._stop = threading.Event()
         self._flusher = threading.Thread(target=self._flush_loop, name="gateway-leases", daemon=True)
         self._flusher.start()
@@ -233,18 +295,60 @@ class LeasedAdmission:
                 ("X-RateLimit-Reset", str(lease.reset_s)))
 
     # --- quotas ---------------------------------------------------------------------
-    def _window(self, per: str) -> tuple[str, int]:
+    def _window(self, per: str) -> tuple[str, int, int]:
         """The current quota period, recomputed only when it has ended (no datetime per call)."""
         window = self._windows.get(per)
-        if window is None or self._wall() >= window[1]:
-            window = self._windows[per] = quota_window(per, self._wall())
+        if window is None or self._wall() >= window[2]:
+            window = self._windows[per] = quota_period(per, self._wall())
         return window
 
     def _quota_lease(self, key: ApiKey, quota: Quota) -> _Lease:
-        period, end = self._window(quota.per)
+        period, start, end = self._window(quota.per)
         lease = self._lease(f"gw:{{q:{key.id}}}:{period}")
-        lease.period_end = end
+        lease.key_id, lease.period_start, lease.period_end = key.id, start, end
         return lease
+
+    def _take(self, lease: _Lease, limit: int, want: int, back: int, rows: int) -> tuple[int, int, int] | None:
+        """The quota script on ``lease``'s bucket: (granted, calls used, rows used). A missing
+        bucket (a new period, or Redis lost it) is created from the run history first: one
+        store read, then the script again with what it found; when several workers race, the
+        script creates the bucket once and the others' reads are ignored. Only leftovers to
+        hand back to a missing bucket: None, nothing is created (they were leased from the
+        bucket that is gone; the next admission creates it, the history having caught up)."""
+        args: list[int | bytes | str] = [limit, want, back, rows, lease.period_end, lease.gen]
+        history = self._history
+        if history is None:
+            reply = self._take_calls(keys=[lease.bucket], args=[*args, _new_gen(), 0, 0])
+        else:
+            reply = self._take_calls(keys=[lease.bucket], args=[*args, "", 0, 0])
+            if reply[0] < 0 and want == 0 and rows == 0:
+                return None
+            if reply[0] < 0:
+                try:
+                    calls, rows_seen = history(lease.key_id, lease.period_start)
+                except Exception as exc:
+                    raise _NoHistory(exc) from exc
+                reply = self._take_calls(keys=[lease.bucket], args=[*args, _new_gen(), calls, rows_seen])
+                self.redis_calls += 1
+                self.rebuilt += 1
+                if lease.gen:   # this worker had leased from the bucket before: Redis lost it
+                    self.lost += 1
+                    self._warn(f"admission: quota bucket {lease.bucket} was lost from Redis; rebuilt from the "
+                               f"run history ({calls} calls, {rows_seen} rows since the period began)")
+        grant, used, rows_used, lease.gen = reply
+        return int(grant), int(used), int(rows_used)
+
+    def _no_history(self, lease: _Lease, exc: Exception, now: float) -> None:
+        lease.seed_after = now + SEED_RETRY_S
+        self._warn(f"admission: cannot read the run history to create quota bucket {lease.bucket} ({exc}); "
+                   f"{'refusing' if self._closed_on_failure else 'using local shares'} for {SEED_RETRY_S:.0f}s")
+
+    def _warn(self, message: str) -> None:
+        """At most one warning per 10 s: a loss touches every key of every worker at once."""
+        now = self._clock()
+        if now >= self._warned_until:
+            self._warned_until = now + 10.0
+            log.warning("%s", message)
 
     def _spend_quota(self, key: ApiKey, quota: Quota, rate_headers: Headers) -> Headers:
         lease = self._quota_lease(key, quota)
@@ -260,19 +364,23 @@ class LeasedAdmission:
                 return self._quota_headers(lease, quota, reset_s)
             if now < lease.empty_until:
                 raise quota_exceeded("calls", reset_s, rate_headers + self._quota_headers(lease, quota, reset_s))
-            if now < self._down_until:
+            if now < self._down_until or now < lease.seed_after:
                 return self._local_quota(lease, quota.calls, reset_s, now)
             self._grow_or_shrink(lease, now)
             back, lease.tokens = lease.tokens, 0
             rows, lease.rows_pending = lease.rows_pending, 0
             try:
-                grant, used, rows_used = self._take_calls(
-                    keys=[lease.bucket], args=[quota.calls, lease.want, back, rows, lease.period_end])
+                taken = self._take(lease, quota.calls, lease.want, back, rows)
             except redis.RedisError as exc:
                 lease.rows_pending += rows
                 self._redis_down(exc)
                 return self._local_quota(lease, quota.calls, reset_s, now)
+            except _NoHistory as exc:
+                lease.rows_pending += rows
+                self._no_history(lease, exc, now)
+                return self._local_quota(lease, quota.calls, reset_s, now)
             self.redis_calls += 1
+            grant, used, rows_used = taken or (0, 0, 0)   # None only when nothing was asked for
             lease.shared, lease.rows_used = used, rows_used
             if grant <= 0:
                 # Others may still hand back leftovers: look again after one lease length.
@@ -375,10 +483,19 @@ class LeasedAdmission:
                 if lease.period_end and self._wall() > lease.period_end + 60:
                     self._leases.pop(lease.bucket, None)
                 return
+            if now < lease.seed_after:
+                return
             back = lease.tokens if expired else 0
             rows = lease.rows_pending
-            _, used, rows_used = self._take_calls(keys=[lease.bucket], args=[-1, 0, back, rows, lease.period_end])
+            try:
+                taken = self._take(lease, -1, 0, back, rows)
+            except _NoHistory as exc:
+                self._no_history(lease, exc, now)
+                return
             lease.tokens -= back
+            if taken is None:   # the bucket is gone, and its leftovers with it
+                return
+            _, used, rows_used = taken
             lease.rows_pending -= rows
             lease.shared, lease.rows_used = used, rows_used
 
@@ -403,3 +520,14 @@ class LeasedAdmission:
             self.flush()
         except redis.RedisError:
             pass
+        close = getattr(self._history, "close", None)
+        if close is not None:
+            close()
+
+
+class _NoHistory(Exception):
+    """The run history could not be read, so a quota bucket could not be created."""
+
+
+def _new_gen() -> str:
+    return os.urandom(6).hex()

@@ -69,7 +69,7 @@ class AccessLog:
     def __call__(self, batch: Sequence[Run]) -> None:
         sample = self._sample
         lines = []
-        for at, rid, key_id, query, version, status, code, rows, duration_ms, worker in batch:
+        for at, rid, key_id, query, version, status, code, rows, duration_ms, worker, _ in batch:
             if sample < 1.0 and random.random() >= sample:
                 continue
             lines.append(orjson.dumps({"at": at, "request_id": rid, "key_id": key_id, "query": query,
@@ -110,7 +110,7 @@ class Metrics:
 
     def __call__(self, batch: Sequence[Run]) -> None:
         requests, latency, rows_counter = self.requests, self.latency, self.rows
-        for _, _, _, query, version, status, code, rows, duration_ms, _ in batch:
+        for _, _, _, query, version, status, code, rows, duration_ms, _, _ in batch:
             label = query if version is not None else "-"   # unknown names never become labels
             requests.labels(label, str(status), code or "").inc()
             latency.labels(label).observe(duration_ms / 1000)

@@ -31,8 +31,9 @@ FOREVER = float("inf")
 Headers = tuple[tuple[str, str], ...]
 NO_HEADERS: Headers = ()
 # One answered call as the history records it: (at, request_id, key_id, query, version,
-# status, code, rows, duration_ms, worker). Observers (``Events`` among them) get batches.
-Run = tuple[float, str, int | None, str | None, int | None, int, str | None, int | None, float, str]
+# status, code, rows, duration_ms, worker, admitted). ``admitted``: the call passed admission
+# (its key's quota was charged), whatever its status. Observers (``Events`` among them) get batches.
+Run = tuple[float, str, int | None, str | None, int | None, int, str | None, int | None, float, str, bool]
 
 
 # --- Sync --------------------------------------------------------------------------------

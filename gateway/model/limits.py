@@ -73,10 +73,17 @@ class Quota:
 
 def quota_window(per: str, now: float | None = None) -> tuple[str, int]:
     """The current period's id and its end (UTC epoch seconds)."""
+    period, _, end = quota_period(per, now)
+    return period, end
+
+
+def quota_period(per: str, now: float | None = None) -> tuple[str, int, int]:
+    """The current period's id, its start and its end (UTC epoch seconds)."""
     now = time.time() if now is None else now
     day = datetime.fromtimestamp(now, UTC)
     if per == "day":
         start = calendar.timegm((day.year, day.month, day.day, 0, 0, 0))
-        return day.strftime("%Y-%m-%d"), start + 86400
+        return day.strftime("%Y-%m-%d"), start, start + 86400
     year, month = (day.year + 1, 1) if day.month == 12 else (day.year, day.month + 1)
-    return day.strftime("%Y-%m"), calendar.timegm((year, month, 1, 0, 0, 0))
+    return (day.strftime("%Y-%m"), calendar.timegm((day.year, day.month, 1, 0, 0, 0)),
+            calendar.timegm((year, month, 1, 0, 0, 0)))

@@ -75,6 +75,7 @@ class Pipeline:
     def run(self, resp: falcon.Response, call: EntryPoint, *, request_id: str, ip: str, secret: str | None) -> None:
         started = time.perf_counter()
         key = None
+        admitted = False   # past admission: the key's quota was charged, whatever happens next
         admission = self._admission
         settings = self._settings
         try:
@@ -86,6 +87,7 @@ class Pipeline:
             subject = call.resolve(catalog, key)                                # 3 plan
             plan = plan_for(catalog, key, subject, settings, self._mask_key)
             limits += admission.admit_key(key)                                  # 2 admit (the key)
+            admitted = True
             args = call.call_args()
             bound = call.bind(subject)                                          # 4 bind
             write = subject.kind == "write"
@@ -104,10 +106,14 @@ class Pipeline:
             if rows:
                 admission.settle(key, rows)                                     # 7 record
             self._history.record(request_id, key.id, call.name, call.version, 200, None, rows,
-                                 (time.perf_counter() - started) * 1000)
+                                 (time.perf_counter() - started) * 1000, True)
         except GatewayError as exc:
             self._history.record(request_id, key.id if key else None, call.name, call.version, exc.status,
-                                 exc.code, None, (time.perf_counter() - started) * 1000)
+                                 exc.code, None, (time.perf_counter() - started) * 1000, admitted)
+            raise
+        except Exception:   # a bug, answered 500 internal_error: recorded too, so a charged call is never missing
+            self._history.record(request_id, key.id if key else None, call.name, call.version, 500,
+                                 "internal_error", None, (time.perf_counter() - started) * 1000, admitted)
             raise
 
     def _stream(self, resp: falcon.Response, call: EntryPoint, subject: Any, bound: Any, args: CallArgs,

@@ -26,7 +26,7 @@ log = logging.getLogger("gateway.history")
 PRUNE_EVERY_S = 3600
 _PRUNE_LOCK = 0x6777_6670
 _COPY = ("COPY gw_run_history (at, request_id, key_id, query, version, status, code, "
-         "row_count, duration_ms, worker) FROM STDIN")
+         "row_count, duration_ms, worker, admitted) FROM STDIN")
 _ESCAPES = str.maketrans({"\\": "\\\\", "\t": "\\t", "\n": "\\n", "\r": "\\r",
                           "\x00": "\ufffd"})  # COPY refuses NUL: one would block every batch
 _NULL = "\\N"
@@ -56,10 +56,10 @@ def _opt(value: object) -> str:
 def copy_line(clock: _Clock, run: Run) -> str:
     """One run in COPY's text format. Only the query name can hold arbitrary text (an
     unknown name from a URL), so only it is escaped; ids, codes and numbers are ours."""
-    at, rid, key_id, query, version, status, code, rows, duration_ms, worker = run
+    at, rid, key_id, query, version, status, code, rows, duration_ms, worker, admitted = run
     query = _NULL if query is None else query.translate(_ESCAPES)
     return (f"{clock.text(at)}\t{rid}\t{_opt(key_id)}\t{query}\t{_opt(version)}\t{status}\t"
-            f"{_opt(code)}\t{_opt(rows)}\t{duration_ms:.3f}\t{worker}\n")
+            f"{_opt(code)}\t{_opt(rows)}\t{duration_ms:.3f}\t{worker}\t{'t' if admitted else 'f'}\n")
 
 
 class HistoryWriter:
@@ -91,12 +91,12 @@ class HistoryWriter:
         self.written = 0
 
     def record(self, request_id: str, key_id: int | None, query: str | None, version: int | None, status: int,
-               code: str | None, rows: int | None, duration_ms: float) -> None:
+               code: str | None, rows: int | None, duration_ms: float, admitted: bool) -> None:
         if len(self._queue) >= self._max:
             self.dropped += 1
             return
         self._queue.append((time.time(), request_id, key_id, query, version, status, code, rows,
-                            duration_ms, self._worker))
+                            duration_ms, self._worker, admitted))
 
     def depth(self) -> int:
         return len(self._queue) + sum(map(len, self._unstored))
@@ -190,3 +190,58 @@ class HistoryWriter:
         self._wake.set()
         if self._thread is not None:
             self._thread.join(timeout)
+
+
+# --- what a key was charged in a quota period, read back (quota recovery) --------------------
+_ADMITTED = ("SELECT count(*), coalesce(sum(row_count), 0) FROM gw_run_history "
+             "WHERE key_id = %s AND at >= to_timestamp(%s) AND coalesce(admitted, status = 200)")
+
+
+class AdmittedUsage:
+    """``usage(key_id, since)`` -> (calls, rows): the calls of a key that passed admission
+    since ``since`` (epoch seconds) and the rows they returned, as the history holds them.
+
+    The admission's quota counters live in Redis; when one is (re)created, at the start of a
+    period or after Redis lost it, it starts from this (``fleet.leases``), so it is read once
+    per key and period, or after a loss, never per call. One connection, opened on first use,
+    reopened once when it broke; a caller sees the store's error only when that fails too.
+    Runs written before the ``admitted`` column count when they succeeded.
+    """
+
+    def __init__(self, connect: Callable[[], psycopg2.extensions.connection]) -> None:
+        self._connect = connect
+        self._conn: psycopg2.extensions.connection | None = None
+        self._lock = threading.Lock()
+
+    def __call__(self, key_id: int, since: float) -> tuple[int, int]:
+        with self._lock:
+            try:
+                return self._read(key_id, since)
+            except (psycopg2.OperationalError, psycopg2.InterfaceError):
+                self._drop()   # a broken connection (the store restarted): once more on a fresh one
+            try:
+                return self._read(key_id, since)
+            except (psycopg2.OperationalError, psycopg2.InterfaceError):
+                self._drop()
+                raise
+
+    def _read(self, key_id: int, since: float) -> tuple[int, int]:
+        if self._conn is None or self._conn.closed:
+            self._conn = self._connect()
+            self._conn.autocommit = True
+        with self._conn.cursor() as cur:
+            cur.execute(_ADMITTED, (key_id, since))
+            calls, rows = cur.fetchone()
+        return int(calls), int(rows)
+
+    def _drop(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None and not conn.closed:
+            try:
+                conn.close()
+            except psycopg2.Error:
+                pass
+
+    def close(self) -> None:
+        with self._lock:
+            self._drop()

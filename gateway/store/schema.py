@@ -100,6 +100,14 @@ MIGRATIONS: list[str] = [
     CREATE INDEX gw_audit_at ON gw_audit (at);
     CREATE INDEX gw_audit_kind_name ON gw_audit (kind, name, at);
     """,
+    # 3: which runs passed admission (their key's rate limit and quota were charged), so a
+    # quota counter lost with Redis is rebuilt from the history (fleet.leases); NULL on runs
+    # written before this column, where status 200 stands for it. The index serves that
+    # rebuild: one key's runs since its period began.
+    """
+    ALTER TABLE gw_run_history ADD COLUMN admitted boolean;
+    CREATE INDEX gw_run_history_key_at ON gw_run_history (key_id, at);
+    """,
 ]
 
 _LOCK_ID = 0x6777_6669  # "gwfi": any constant shared by every process of the fleet

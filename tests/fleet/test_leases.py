@@ -281,3 +281,139 @@ def test_handed_back_leftovers_stay_within_the_documented_bound(redis_url):
     admitted.sort()
     window = 1.0
     assert most_inside(admitted, window) <= burst + rate * (window + lease_s)
+
+
+# --- quotas that survive Redis losing its data ------------------------------------------------
+class History:
+    """What the run history says a key was admitted this period (``history=`` of the
+    admission); records each read. ``fail``: the store is unreachable."""
+
+    def __init__(self, calls: int = 0, rows: int = 0):
+        self.calls, self.rows, self.fail = calls, rows, False
+        self.reads: list = []
+        self.lock = threading.Lock()
+
+    def __call__(self, key_id: int, since: float) -> tuple[int, int]:
+        with self.lock:
+            self.reads.append((key_id, since))
+        if self.fail:
+            raise OSError("store unreachable (simulated)")
+        return self.calls, self.rows
+
+
+def quota_bucket(key, per: str = "day") -> str:
+    return f"gw:{{q:{key.id}}}:{quota_window(per)[0]}"
+
+
+def spend_until_refused(admission, key, most: int = 10_000) -> int:
+    admitted = 0
+    while admitted < most:
+        try:
+            admission.admit_key(key)
+        except GatewayError as err:
+            assert err.code == "quota_exceeded", err.code
+            return admitted
+        admitted += 1
+    return admitted
+
+
+def test_a_new_quota_bucket_starts_from_the_history(redis_url, rdb):
+    history = History(calls=250, rows=7)
+    admission = LeasedAdmission(redis_url, settings(redis_url, lease_ms=100), history=history)
+    key = a_key(quota={"calls": 300, "per": "day"})
+    try:
+        assert spend_until_refused(admission, key) == 50
+        # Read once, for this key, since the period began (not per call).
+        start = quota_window("day")[1] - 86400
+        assert history.reads == [(key.id, start)]
+        assert int(rdb.hget(quota_bucket(key), "rows")) == 7
+    finally:
+        admission.close()
+    assert int(rdb.hget(quota_bucket(key), "calls")) == 300
+
+
+def test_a_lost_bucket_is_rebuilt_and_old_leftovers_do_not_count(redis_url, rdb):
+    """Redis loses the bucket while this worker holds a lease from it: the next lease rebuilds
+    the bucket from the history, and the old lease's leftovers are not handed back to the new
+    one (they were never added to it), neither by a flush nor by the next lease."""
+    clock = FakeClock()
+    history = History()
+    admission = LeasedAdmission(redis_url, settings(redis_url, lease_ms=100, lease_max=64), clock=clock,
+                                history=history)
+    key = a_key(quota={"calls": 300, "per": "day"})
+    bucket = quota_bucket(key)
+    try:
+        for _ in range(20):
+            admission.admit_key(key)
+        assert int(rdb.hget(bucket, "calls")) > 20   # a lease with leftovers
+        rdb.delete(bucket)                          # Redis lost its data
+        history.calls = 20                          # ... the history has every call
+        clock.now += 0.2                            # the lease expired: its leftovers go nowhere
+        admission.flush()
+        assert not rdb.exists(bucket), "a hand-back alone must not create the bucket"
+        assert spend_until_refused(admission, key) == 280
+        assert len(history.reads) == 2 and admission.lost == 1
+    finally:
+        admission.close()
+    assert int(rdb.hget(bucket, "calls")) == 300
+
+
+def test_a_rebuild_is_made_once_when_workers_race(redis_url, rdb):
+    history = History(calls=100)
+    knobs = settings(redis_url, lease_ms=50, lease_max=16)
+    admissions = [LeasedAdmission(redis_url, knobs, history=history) for _ in range(4)]
+    key = a_key(quota={"calls": 300, "per": "day"})
+    try:
+        admitted, refused = hammer(admissions, key, threads_each=3, seconds=30, stop_when=0.3)
+    finally:
+        for a in admissions:
+            a.close()
+    assert len(admitted) == 200, refused
+    assert 1 <= len(history.reads) <= 4, history.reads    # at most one read per worker
+    assert int(rdb.hget(quota_bucket(key), "calls")) == 300
+
+
+def test_rows_settled_into_a_lost_bucket_rebuild_it(redis_url, rdb):
+    clock = FakeClock()
+    history = History(calls=3, rows=30)
+    admission = LeasedAdmission(redis_url, settings(redis_url, lease_ms=100), clock=clock, history=history)
+    key = a_key(quota={"rows": 100, "per": "day"})
+    try:
+        admission.admit_key(key)
+        admission.settle(key, 10)
+        admission.flush()
+        assert int(rdb.hget(quota_bucket(key), "rows")) == 40
+        rdb.delete(quota_bucket(key))
+        history.rows = 40
+        admission.settle(key, 5)
+        admission.flush()
+        assert int(rdb.hget(quota_bucket(key), "rows")) == 45
+        assert admission.rows_left(key) == 55
+    finally:
+        admission.close()
+
+
+@pytest.mark.parametrize("mode", ["open", "closed"])
+def test_history_unreachable_means_the_redis_failure_mode(redis_url, rdb, mode):
+    """The bucket cannot be created without the history: the worker decides as it does with
+    Redis unreachable (its local share, or 503) and tries the store again after a second."""
+    clock = FakeClock()
+    history = History(calls=10)
+    history.fail = True
+    admission = LeasedAdmission(redis_url, settings(redis_url, redis_failure=mode), workers_hint=lambda: 2,
+                                clock=clock, history=history)
+    key = a_key(quota={"calls": 40, "per": "day"})
+    try:
+        if mode == "open":
+            assert spend_until_refused(admission, key) == 20     # its half of the quota
+        else:
+            with pytest.raises(GatewayError) as refused:
+                admission.admit_key(key)
+            assert refused.value.status == 503 and refused.value.code == "admission_unavailable"
+        assert len(history.reads) == 1 and not rdb.exists(quota_bucket(key))
+        history.fail = False
+        clock.now += 1.1
+        admission.admit_key(key)
+        assert len(history.reads) == 2 and int(rdb.hget(quota_bucket(key), "calls")) > 10
+    finally:
+        admission.close()

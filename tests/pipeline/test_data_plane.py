@@ -5,9 +5,11 @@ import threading
 import time
 
 import falcon.testing
+import psycopg2
 import pytest
 
 from gateway.ports import LocalSync
+from gateway.store.history import AdmittedUsage
 from helpers.history import wait_for_history
 from helpers.util import free_port, unique
 
@@ -240,3 +242,28 @@ def test_run_history(api, endpoint, superuser):
     assert found[ids[2]][2:4] == (404, "query_not_found")
     # A NUL cannot travel in COPY: it is replaced, and the batch (and every later one) is written.
     assert found[ids[3]][0] == "odd\ufffdname\ttab"
+
+
+def test_history_marks_admitted_calls_and_reads_them_back(api, endpoint, superuser, services):
+    """A run records whether it passed admission (its key's quota was charged: a call that
+    fails after admission counts, one refused before it does not); ``AdmittedUsage`` reads
+    back what a key was admitted since a time, as a quota counter lost with Redis is rebuilt."""
+    ep = endpoint(SERIES, SERIES_PARAMS)
+    since = time.time() - 1
+    replies = [api.call(ep.query, ep.secret, {"total": "3"}), api.call(ep.query, ep.secret, {"total": "4"}),
+               api.call(ep.query, ep.secret, {"total": "x"}),      # 400 after admission: charged
+               api.call(unique("nothing"), ep.secret)]             # 404 before admission: not charged
+    ids = [r.headers["X-Request-Id"] for r in replies]
+    assert len(wait_for_history(superuser, ids)) == 4
+    key_id = superuser("SELECT id FROM gw_api_keys WHERE name = %s", (ep.key,))[0][0]
+    flags = dict(superuser("SELECT request_id, admitted FROM gw_run_history WHERE request_id = ANY(%s)", (ids,)))
+    assert [flags[i] for i in ids] == [True, True, True, False]
+    usage = AdmittedUsage(lambda: psycopg2.connect(services.store_url))
+    try:
+        assert usage(key_id, since) == (3, 7)
+        assert usage(key_id, time.time() + 60) == (0, 0)
+        # Runs written before the column existed count when they succeeded.
+        superuser("UPDATE gw_run_history SET admitted = NULL WHERE request_id = ANY(%s)", (ids,))
+        assert usage(key_id, since) == (2, 7)
+    finally:
+        usage.close()
