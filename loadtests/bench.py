@@ -108,6 +108,8 @@ def parse_args(argv=None):
     parser.add_argument('--sync-workers', type=int, default=4, help='sync block: GATEWAY_WORKERS (default 4)')
     parser.add_argument('--sync-pause-ms', type=float, default=10,
                         help='sync block: pause between two changes (default 10 ms)')
+    parser.add_argument('--allow-dirty', action='store_true',
+                        help='run from a tree with uncommitted changes (a smoke run; such numbers are not a result)')
     parser.add_argument('--out', type=Path, default=rundir.RESULTS,
                         help='folder for <block>-<timestamp>/ (default loadtests/results/, gitignored)')
     args = parser.parse_args(argv)
@@ -142,6 +144,10 @@ def main(argv=None):
     if argv and argv[0] in blocks.OWN_CLI:  # blocks with arguments of their own: `python -m loadtests.bench scaleout`
         return blocks.run(argv[0]).main(argv[1:])
     args = parse_args(argv)
+    # A result names the build it measured: a commit, and nothing else.
+    if system.git_state()['dirty'] and not args.allow_dirty:
+        raise SystemExit('the tree has uncommitted changes: commit them (a result names one commit), or pass '
+                         '--allow-dirty for a smoke run')
     for tool in ('wrk', 'taskset'):
         if not system.tool_path(tool):
             raise SystemExit(f'{tool} not found (apt-get install {"wrk" if tool == "wrk" else "util-linux"})')

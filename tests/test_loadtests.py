@@ -68,7 +68,8 @@ def test_locust_headless_against_the_fleet(gunicorn, demo_connection, api, tmp_p
 
 def test_harness_smoke_block(settings, services, tmp_path):
     out = tmp_path / "results"
-    run = subprocess.run([sys.executable, "-m", "loadtests.bench", "--block", "oltp", "--targets", "gateway",
+    run = subprocess.run([sys.executable, "-m", "loadtests.bench", "--allow-dirty", "--block", "oltp",
+                          "--targets", "gateway",
                           "--database-url", services.pg.url("demo"), "--rounds", "1", "--duration", "2",
                           "--connections", "8", "--warmup", "1", "--floor-duration", "1",
                           "--gateway-port", str(free_port()), "--redis-port", str(free_port()),
