@@ -44,10 +44,10 @@ from .harness import (
     Block,
     collect_versions,
     ensure_data,
+    local_postgres,
     log,
     now_iso,
     pin_postgres,
-    start_local_pg,
 )
 from .system import REPO
 from .targets import TargetError
@@ -160,13 +160,8 @@ def main(argv=None):
     run_dir, work_dir = rundir.new(args.out, args.block)  # work_dir: logs, homes (gitignored, not results)
     log(f'block {args.block} -> {run_dir} (target logs in {work_dir})')
 
-    local_pg = start_local_pg(args) if args.local_pg else None
-    try:
+    with local_postgres(args):
         return _main(args, run_dir, work_dir)
-    finally:
-        if local_pg is not None:
-            log(f'stopping the local PostgreSQL under {args.local_pg}')
-            local_pg.stop()
 
 
 def _main(args, run_dir: Path, work_dir: Path) -> int:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import sys
 import time
+from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -224,6 +225,30 @@ def start_local_pg(args):
     args.database_url = pg.url('demo')
     args.create_data = True
     return None if was_running else pg
+
+
+@contextmanager
+def local_postgres(args):
+    """``--local-pg``: the harness's own PostgreSQL for the block's length (stopped after it,
+    unless it was running before); nothing with ``--database-url``."""
+    local_pg = start_local_pg(args) if args.local_pg else None
+    try:
+        yield
+    finally:
+        if local_pg is not None:
+            log(f'stopping the local PostgreSQL under {args.local_pg}')
+            local_pg.stop()
+
+
+def record_variants(meta: dict, live: list, baseline: str, save_meta) -> None:
+    """The targets of a block that compares settings of one gateway, each with its own Redis."""
+    meta['targets'] = [t.summary() for t in live]
+    meta['settings'].update({
+        'targets': [t.name for t in live], 'baseline': baseline,
+        'order_note': 'targets take turns in an order rotated each round',
+        'pinning_note': meta['settings']['pinning_note'] + ' (each target has its own Redis)',
+    })
+    save_meta()
 
 
 def pin_postgres(args) -> tuple[int | None, str]:

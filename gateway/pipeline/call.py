@@ -107,13 +107,12 @@ class Pipeline:
                 admission.settle(key, rows)                                     # 7 record
             self._history.record(request_id, key.id, call.name, call.version, 200, None, rows,
                                  (time.perf_counter() - started) * 1000, True)
-        except GatewayError as exc:
-            self._history.record(request_id, key.id if key else None, call.name, call.version, exc.status,
-                                 exc.code, None, (time.perf_counter() - started) * 1000, admitted)
-            raise
-        except Exception:   # a bug, answered 500 internal_error: recorded too, so a charged call is never missing
-            self._history.record(request_id, key.id if key else None, call.name, call.version, 500,
-                                 "internal_error", None, (time.perf_counter() - started) * 1000, admitted)
+        except Exception as exc:
+            # A refusal, or a bug (answered 500 internal_error): recorded either way, so a charged
+            # call is never missing from the history.
+            status, code = (exc.status, exc.code) if isinstance(exc, GatewayError) else (500, "internal_error")
+            self._history.record(request_id, key.id if key else None, call.name, call.version, status, code,
+                                 None, (time.perf_counter() - started) * 1000, admitted)
             raise
 
     def _stream(self, resp: falcon.Response, call: EntryPoint, subject: Any, bound: Any, args: CallArgs,

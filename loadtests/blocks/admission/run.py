@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import redis
 
-from ...harness import WorkerCpu, run_rounds, start_variant
+from ...harness import WorkerCpu, record_variants, run_rounds, start_variant
 from . import OFF, ON
 
 HUGE_RATE = '1000000/second'
@@ -56,13 +56,7 @@ def run(block, args, work_dir, cleanup, meta, save_meta):
         target.info['key_limits'] = KEY_LIMITS
         live.append(target)
         probes[name] = (WorkerCpu(target.pids[0]), RedisCommands(redis_url))
-    meta['targets'] = [t.summary() for t in live]
-    meta['settings'].update({
-        'targets': [t.name for t in live], 'baseline': OFF,
-        'order_note': 'targets take turns in an order rotated each round',
-        'pinning_note': meta['settings']['pinning_note'] + ' (each target has its own Redis)',
-    })
-    save_meta()
+    record_variants(meta, live, OFF, save_meta)
 
     run_rounds(block, live, args, probes, _extra)
 

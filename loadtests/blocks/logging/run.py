@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ...harness import WorkerCpu, run_rounds, start_variant
+from ...harness import WorkerCpu, record_variants, run_rounds, start_variant
 from . import BARE, OFF, ON
 
 TARGETS = (
@@ -55,13 +55,7 @@ def run(block, args, work_dir, cleanup, meta, save_meta):
         target, _ = start_variant(args, work_dir, cleanup, index, name, extra, f'gwstore_log_{index}')
         live.append(target)
         probes[name] = (WorkerCpu(target.pids[0]), AccessLines(target.log_path))
-    meta['targets'] = [t.summary() for t in live]
-    meta['settings'].update({
-        'targets': [t.name for t in live], 'baseline': OFF,
-        'order_note': 'targets take turns in an order rotated each round',
-        'pinning_note': meta['settings']['pinning_note'] + ' (each target has its own Redis)',
-    })
-    save_meta()
+    record_variants(meta, live, OFF, save_meta)
 
     run_rounds(block, live, args, probes, _extra)
 

@@ -46,12 +46,12 @@ from ...harness import (
     Block,
     collect_versions,
     ensure_data,
+    local_postgres,
     log,
     now_iso,
     pin_postgres,
     progress_line,
     rotated,
-    start_local_pg,
 )
 from ...rundir import write_meta
 from ...system import REPO
@@ -346,13 +346,8 @@ def main(argv=None) -> int:
                          '(or --targets gateway)')
     run_dir, work_dir = rundir.new(args.out, BLOCK)
     log(f'block {BLOCK} -> {run_dir} (server logs in {work_dir})')
-    local_pg = start_local_pg(args) if args.local_pg else None
-    try:
+    with local_postgres(args):
         return _main(args, run_dir, work_dir)
-    finally:
-        if local_pg is not None:
-            log(f'stopping the local PostgreSQL under {args.local_pg}')
-            local_pg.stop()
 
 
 def _max_connections(url: str) -> int | None:
