@@ -1,16 +1,25 @@
 """Sessions that heal: a restart of PostgreSQL, under load, costs callers no more than the
 restart's own duration plus one second; nothing fails once PostgreSQL answers again (data
 sessions, the management API's store connections, the catalog's), and a write is never run
-twice. On a PostgreSQL of this module's own (``private_services``), behind a real gunicorn
-master with two workers; every call is counted and every body checked.
+twice. The restart runs on a PostgreSQL of this module's own (``private_services``), behind
+a real gunicorn master with two workers; every call is counted and every body checked.
 """
 from __future__ import annotations
 
 import time
 
+import falcon.testing
+import pytest
+
+from gateway.errors import GatewayError
+from gateway.execution import runner
+from gateway.execution.pool import SessionPool, session_options
+from gateway.ports import LocalSync
+from gateway.sql import Template, read
 from helpers.api import Api
 from helpers.load import Load, statuses
 from helpers.masters import Master
+from helpers.util import unique
 
 GRACE_S = 1.0     # the bound: errors only between the stop and one second after the server is back
 
@@ -57,3 +66,58 @@ def test_a_postgresql_restart_costs_no_more_than_its_own_duration(private_servic
     assert {(c.status, c.code) for c in failed} <= {(503, "database_unavailable")}, statuses(failed)
     assert all(c.headers.get("Retry-After") for c in failed)
     assert all(c.body == [{"v": 1}] for c in calls if c.status == 200)
+
+
+# --- what heals and what never runs twice, one session at a time ------------------------------
+def test_a_write_on_a_dead_session_is_not_run_again_and_a_read_is(api, services, superuser, make_app):
+    # Every session of this app is terminated by the server between two calls (as a restart
+    # would): the read runs again on a fresh session and answers; the write is refused with
+    # a typed 503 and did not happen (whether a write reached the server cannot be known,
+    # so it is never sent twice); the next write, on a fresh session, happens once.
+    table = unique("heal").lower()
+    superuser(f"CREATE TABLE {table} (v int)", db="demo")
+    connection = api.connection()
+    write = api.query(f"INSERT INTO {table} (v) VALUES (:v)", {"v": {"type": "int", "required": True}},
+                      connection=connection)
+    read = api.query(f"SELECT count(*) AS n FROM {table}", connection=connection)
+    secret = api.key([write, read], [connection], allow_writes=True)
+    started = superuser("SELECT now()", db="demo")[0][0]
+    client = falcon.testing.TestClient(make_app(sync=LocalSync(), allow_writes=True))
+    headers = {"X-API-Key": secret}
+
+    def rows() -> int:
+        return superuser(f"SELECT count(*) FROM {table}", db="demo")[0][0]
+    assert client.simulate_post(f"/q/{write}", json={"params": {"v": 1}}, headers=headers).status_code == 200
+    assert client.simulate_get(f"/q/{read}", headers=headers).json == [{"n": 1}]
+    killed = superuser("SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE datname = 'demo' "
+                       "AND application_name = 'gateway-fleet' AND backend_start >= %s", (started,), db="demo")
+    assert killed[0][0] == 2     # this app's read session and its write session
+
+    refused = client.simulate_post(f"/q/{write}", json={"params": {"v": 2}}, headers=headers)
+    assert refused.status_code == 503 and refused.json["code"] == "database_unavailable", refused.text
+    assert rows() == 1
+    assert client.simulate_get(f"/q/{read}", headers=headers).json == [{"n": 1}]       # healed
+    assert client.simulate_post(f"/q/{write}", json={"params": {"v": 3}}, headers=headers).status_code == 200
+    assert rows() == 2
+
+
+def test_a_session_that_reads_strings_otherwise_runs_nothing(services, superuser):
+    # Checked literals are written for standard_conforming_strings = on, which every data
+    # session pins; a session where it is off (nothing in the gateway can turn it off:
+    # SET and set_config are refused) must run no text at all, not even a harmless one.
+    table = unique("scs").lower()
+    superuser(f"CREATE TABLE {table} (v text)", db="demo")
+    pool = SessionPool({"host": "127.0.0.1", "port": services.pg.port, "dbname": "demo", "user": "postgres",
+                        "password": services.pg.password(), "options": session_options(5000, read_only=False)},
+                       size=1)
+    try:
+        session = pool.acquire()
+        session.cursor.execute("SET standard_conforming_strings = off")
+        pool.release(session)
+        text = Template(read(f"INSERT INTO {table} (v) VALUES (:v)")).render(["a\\' b"])
+        with pytest.raises(GatewayError) as refused:
+            runner.execute_text(pool, text, None, True)
+        assert (refused.value.status, refused.value.code) == (503, "database_unavailable")
+        assert superuser(f"SELECT count(*) FROM {table}", db="demo")[0][0] == 0
+    finally:
+        pool.close()

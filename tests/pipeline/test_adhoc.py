@@ -1,6 +1,8 @@
 """``POST /execute_sql``: ad-hoc SQL, analysed and governed exactly like a saved query."""
 from __future__ import annotations
 
+import json
+
 from helpers.util import unique
 
 
@@ -66,3 +68,26 @@ def test_a_refusal_lasts_only_until_the_schema_is_read_again(api, demo_connectio
     api.query("SELECT 1 AS one", connection=demo_connection)             # reads the schema afresh
     got = api.adhoc(secret, body)
     assert got.status == 200 and got.json == [], got
+
+
+def test_reserved_arguments_come_from_the_query_string_too(api, demo_connection):
+    # The same reserved arguments as /q/<name>, from the query string or the body (the body
+    # wins); a stream of an ad-hoc read binds its values as checked literals as well.
+    secret = api.key([], [demo_connection])
+    body = {"sql": "SELECT id FROM customers WHERE country = :c ORDER BY id", "params": {"c": "FR"},
+            "connection_name": demo_connection}
+    headers = {"X-API-Key": secret}
+    paged = api.request("POST", "/execute_sql", json_body=body, headers=headers,
+                        params={"page_size": "2", "page": "2", "format": "csv"})
+    assert paged.status == 200 and paged.headers["X-Page"] == "2", paged
+    assert len(paged.text.splitlines()) == 3 and paged.text.splitlines()[0] == "id"
+    overridden = api.request("POST", "/execute_sql", json_body=dict(body, page_size=3), headers=headers,
+                             params={"page_size": "2"})
+    assert len(overridden.json) == 3
+    streamed = api.request("POST", "/execute_sql", json_body=body, headers=headers,
+                           params={"stream": "true", "format": "ndjson"})
+    assert streamed.status == 200 and streamed.headers["X-Stream"] == "true", streamed
+    everything = api.adhoc(secret, dict(body, page_size=1000)).json
+    assert [json.loads(line) for line in streamed.text.splitlines()] == everything
+    ignored = api.request("POST", "/execute_sql", json_body=body, headers=headers, params={"version": "1"})
+    assert ignored.status == 200    # `version` means nothing here: it is not one of this route's arguments
