@@ -61,7 +61,10 @@ class Queries:
         if "publish" in body and not isinstance(body["publish"], bool):
             raise bad_request("invalid_body", "publish must be true or false",
                               errors={"publish": "must be true or false"})
-        extra: dict[str, Any] = {"analysis": {"positional": text.text, "order": list(text.order), "kind": text.kind},
+        stored: dict[str, Any] = {"positional": text.text, "order": list(text.order), "kind": text.kind}
+        if text.kind == "read":   # the paged form, read and checked now: a catalog load parses nothing
+            stored["paged"] = sql.paged(text).text
+        extra: dict[str, Any] = {"analysis": stored,
                                  "governance": governance.to_doc()}
         if masks:
             extra["mask"] = masks

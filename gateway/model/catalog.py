@@ -40,7 +40,8 @@ class Connection:
 
 class QueryVersion:
     __slots__ = ("query_id", "name", "version", "connection", "sql", "kind", "binder",
-                 "value_order", "statement", "plan_id", "prepare_sql", "execute_sql", "stream_template",
+                 "value_order", "statement", "plan_id", "prepare_sql", "execute_sql", "positional", "order", "casts",
+                 "stream_template",
                  "published_at", "description", "tags", "parameters", "max_affected_rows",
                  "analysis", "masks")
 
@@ -65,7 +66,10 @@ class QueryVersion:
         self.published_at = row["published_at"]
         self.max_affected_rows = row["extra"].get("max_affected_rows")
         self.masks = row["extra"].get("mask")
-        self.stream_template: sql.Template | None = None
+        self.positional = analysis["positional"]
+        self.order = tuple(analysis["order"])
+        self.casts: tuple[str, ...] = ()
+        self.stream_template: sql.Template | None = None     # made on the first stream (see stream_text)
         self.prepare_sql = self.execute_sql = ""
         try:
             self._prepare(analysis, specs, by_name)
@@ -77,24 +81,20 @@ class QueryVersion:
             self.analysis = None
 
     def _prepare(self, analysis: dict, specs: list[ParamSpec], by_name: dict) -> None:
-        # Read again by PostgreSQL's parser (start-up work, not per call): the text, where
-        # its parameters are, and the paged form, each checked to be the statement analysed.
-        text = sql.read_positional(analysis["positional"], tuple(analysis["order"]))
-        if text.kind != self.kind:
-            raise ValueError("the stored kind is not the statement's")
-        casts = tuple(SQL_TYPES[specs[by_name[n]].kind] for n in text.order)
-        types = ", ".join(casts)
-        n = len(text.order)
+        # Everything here was read by PostgreSQL's parser when the version was saved (the
+        # paged form too): a catalog load, which every change makes every worker do, parses
+        # nothing. A version saved before the paged form was stored is read again here.
+        order = self.order
+        self.casts = tuple(SQL_TYPES[specs[by_name[n]].kind] for n in order)
+        types = ", ".join(self.casts)
+        n = len(order)
         if self.kind == "read":
             # Reads are paged inside the statement: LIMIT/OFFSET are two extra parameters.
-            body = sql.paged(text).text
+            body = analysis.get("paged") or self._read_paged(order)
             types = ", ".join(filter(None, (types, "bigint, bigint")))
             args = n + 2
-            # A server-side cursor cannot take parameters: stream=true binds typed literals
-            # at the parser's parameter positions, checked by parsing again (gateway.sql.binding).
-            self.stream_template = sql.Template(text, casts)
         else:
-            body = text.text
+            body = self.positional
             args = n
         # psycopg2 interpolates %s in the whole string, so literal % in the SQL is doubled.
         # The newline ends a trailing "-- comment" of the saved SQL before the next statement.
@@ -103,15 +103,28 @@ class QueryVersion:
         self.execute_sql = f"EXECUTE {self.statement}({', '.join(['%s'] * args)})" if args \
             else f"EXECUTE {self.statement}"
 
+    def _read_paged(self, order: tuple[str, ...]) -> str:
+        text = sql.read_positional(self.positional, order)
+        if text.kind != self.kind:
+            raise ValueError("the stored kind is not the statement's")
+        return sql.paged(text).text
+
     def values(self, bound: tuple) -> tuple:
         return tuple(bound[i] for i in self.value_order)
 
     def stream_text(self, bound: tuple) -> str:
-        """The statement with the call's values as checked literals (see stream_template);
-        only reads have one (``SavedCall.stream_text`` refuses the others first)."""
-        if self.stream_template is None:
+        """The statement with the call's values as checked literals: a server-side cursor
+        cannot take parameters, so stream=true binds typed literals at the parser's parameter
+        positions, checked by parsing again (gateway.sql.binding). The template is made on a
+        version's first stream and kept (a memo: the same for every thread that makes it);
+        only reads stream (``SavedCall.stream_text`` refuses the others first)."""
+        if self.kind != "read":
             raise ValueError(f"{self.name} v{self.version} is not a read: it cannot be streamed")
-        return self.stream_template.render(self.values(bound))
+        template = self.stream_template
+        if template is None:
+            template = self.stream_template = sql.Template(sql.read_positional(self.positional, self.order),
+                                                           self.casts)
+        return template.render(self.values(bound))
 
 
 class Query:

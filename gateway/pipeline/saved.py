@@ -67,6 +67,6 @@ class SavedCall:
 
     @staticmethod
     def stream_text(qv: QueryVersion, bound: tuple) -> str:
-        if qv.kind != "read" or qv.stream_template is None:
+        if qv.kind != "read":
             raise bad_request("invalid_stream", "only reads can be streamed")
         return qv.stream_text(bound)

@@ -100,3 +100,14 @@ def test_invalid_version_argument(api, endpoint):
         assert got.status == 400 and got.json["code"] == "invalid_version", (value, got)
     assert api.post(ep.query, ep.secret, {"version": True}).json["code"] == "invalid_version"
     assert api.call(ep.query, ep.secret, query_string="version=1&version=1").json["code"] == "invalid_version"
+
+
+def test_a_read_is_stored_with_its_paged_form(api, demo_connection, superuser):
+    # Read and checked by PostgreSQL's parser at save time, so that loading the catalog
+    # (every worker, on every change) parses nothing.
+    from gateway.sql import paged, read
+    sql = "SELECT id FROM customers WHERE country = :c ORDER BY id"
+    name = api.query(sql, {"c": {"type": "str", "default": "FR"}}, connection=demo_connection)
+    (stored,) = superuser("SELECT v.extra->'analysis' FROM gw_query_versions v JOIN gw_queries q "
+                          "ON q.id = v.query_id WHERE q.name = %s", (name,))
+    assert stored[0]["paged"] == paged(read(sql, frozenset({"c"}))).text
