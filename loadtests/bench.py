@@ -48,6 +48,7 @@ from .harness import (
     log,
     now_iso,
     pin_postgres,
+    require_clean_tree,
 )
 from .system import REPO
 from .targets import TargetError
@@ -144,10 +145,7 @@ def main(argv=None):
     if argv and argv[0] in blocks.OWN_CLI:  # blocks with arguments of their own: `python -m loadtests.bench scaleout`
         return blocks.run(argv[0]).main(argv[1:])
     args = parse_args(argv)
-    # A result names the build it measured: a commit, and nothing else.
-    if system.git_state()['dirty'] and not args.allow_dirty:
-        raise SystemExit('the tree has uncommitted changes: commit them (a result names one commit), or pass '
-                         '--allow-dirty for a smoke run')
+    require_clean_tree(args.allow_dirty)
     for tool in ('wrk', 'taskset'):
         if not system.tool_path(tool):
             raise SystemExit(f'{tool} not found (apt-get install {"wrk" if tool == "wrk" else "util-linux"})')
@@ -207,6 +205,7 @@ def _main(args, run_dir: Path, work_dir: Path) -> int:
         # the block starts its targets (appending to cleanup what is to stop), fills meta['targets'] and runs
         blocks.run(args.block).run(block, args, work_dir, cleanup, meta, lambda: rundir.write_meta(run_dir, meta))
         meta['finished_at'] = now_iso()
+        failed = block.verdict()
     except KeyboardInterrupt as stop:
         failed = f'interrupted ({stop})'
     except (TargetError, wrk.WrkError) as error:

@@ -39,10 +39,17 @@ class Block:
         self.results = (run_dir / 'results.jsonl').open('a')
         self.done = 0
         self.planned = 0
+        self.failures: list[str] = []   # runs with a non-2xx answer, a socket error or a wrong body
         self.started = time.monotonic()
 
     def close(self):
         self.results.close()
+
+    def verdict(self) -> str | None:
+        """Why the block failed though it ran to the end: a result with a wrong answer is no result."""
+        if not self.failures:
+            return None
+        return f'{len(self.failures)} run(s) had errors or wrong bodies, first: {self.failures[0]}'
 
     def measure(self, target: Target, *, kind: str, connections: int, duration_s: float, health: bool = False,
                 probes=(), **tags) -> dict:
@@ -71,6 +78,8 @@ class Block:
         machine_cpu = cpu_machine.stop()
         other_cpu = machine_cpu - (target_cpu or 0) - (pg_cpu or 0) - result.wrk_cpu_s
         problems = wrk.errors_of(result)
+        if problems:
+            self.failures.append(f'{kind} of {target.name} at {connections} connections: {", ".join(problems)}')
         record = {
             'block': self.name, 'kind': kind, **tags, 'target': target.name, 'connections': connections,
             'path': '/health' if health else target.query_path, **result.to_dict(),
@@ -192,6 +201,36 @@ class WorkerCpu:
         calls = record.get('requests') or 0
         return {'worker_cpu_s': None if cpu is None else round(cpu, 3),
                 'worker_cpu_us_per_call': round(cpu / calls * 1e6, 1) if cpu is not None and calls else None}
+
+
+class WorkerShares:
+    """Each worker's busy share of a core during a run, and how far the most and least loaded workers are from an
+    even split: `worker_spread` = max |share_i / mean - 1| (0.15: some worker did 15% more or less than even). A
+    worker's CPU stands for its share of the requests: all of them run the same call."""
+
+    def __init__(self, master_pid: int):
+        self.master = master_pid
+        self.meters: list[system.CpuMeter] = []
+
+    def start(self):
+        workers = sorted(p for p in system.process_tree(self.master) if p != self.master)
+        self.meters = [system.CpuMeter(pid) for pid in workers]
+        for meter in self.meters:
+            meter.start()
+
+    def finish(self, record: dict) -> dict:
+        used = [m.stop() or 0.0 for m in self.meters]
+        cores = [round(u / record['duration_s'], 3) for u in used]
+        mean = sum(used) / len(used) if used else 0.0
+        spread = max(abs(u / mean - 1) for u in used) if mean else None
+        return {'worker_cores': cores, 'worker_spread': None if spread is None else round(spread, 3)}
+
+
+def require_clean_tree(allow_dirty: bool) -> None:
+    """A result names the build it measured: one commit, and nothing else."""
+    if system.git_state()['dirty'] and not allow_dirty:
+        raise SystemExit('the tree has uncommitted changes: commit them (a result names one commit), or pass '
+                         '--allow-dirty for a smoke run')
 
 
 # --------------------------------------------------------------------------------------

@@ -37,6 +37,33 @@ def false_clear_chance(n: int) -> float:
     return 2 / math.comb(2 * n, n) if n > 0 else 1.0
 
 
+def paired_ratios(top: list[dict], bottom: list[dict], value, scale: float = 1.0) -> dict[int, float]:
+    """{round: value(top run) / (scale x value(bottom run))} for the rounds both have: a ratio of two runs of one
+    round, which ran minutes apart at most, cancels what drifts between rounds (a noisy neighbour, a warm cache)."""
+    tops = {r.get('round'): value(r) for r in top}
+    bottoms = {r.get('round'): value(r) for r in bottom}
+    return {n: tops[n] / (scale * bottoms[n]) for n in sorted(set(tops) & set(bottoms), key=lambda x: x or 0)
+            if tops[n] is not None and bottoms[n]}
+
+
+def show_paired(ratios: dict[int, float], goal: float | None = None, percent: bool = False,
+                at_most: bool = False) -> str:
+    """'median [min-max] over n rounds' of paired per-round ratios, and, with a goal, the verdict on the worst
+    round: a target is met only when every round meets it. The goal is a floor (the lowest ratio is the worst
+    round), or with `at_most` a ceiling (the highest is)."""
+    if not ratios:
+        return '-'
+    med, lo, hi = median_range(list(ratios.values()))
+
+    def fmt(v: float) -> str:
+        return f'{v * 100:.0f}%' if percent else f'{v:.2f}×'
+    text = f'{fmt(med)} [{fmt(lo)}-{fmt(hi)}], {len(ratios)} round(s)'
+    if goal is not None:
+        worst, met = (hi, hi <= goal) if at_most else (lo, lo >= goal)
+        text += f'; worst round {fmt(worst)}: {"meets" if met else "misses"} {"<=" if at_most else ">="} {fmt(goal)}'
+    return text
+
+
 def percentile(samples, q: float):
     """Nearest-rank percentile of `samples` (q in 0..100); None when there are none."""
     if not samples:

@@ -38,6 +38,7 @@ class WrkResult:
     bytes: int
     wrk_cpu_s: float  # user + system CPU of the wrk process
     command: list = field(default_factory=list)
+    bodies: dict = field(default_factory=dict)  # checked, bad_body, unasked, check (random_aid.lua)
     text: str = ''
 
     @property
@@ -77,7 +78,7 @@ def run(url: str, *, connections: int, duration_s: float, script: Path = RANDOM_
     return WrkResult(requests=data['requests'], duration_s=round(duration, 3),
                      rps=data['requests'] / duration if duration else 0.0, latency_us=data['latency_us'],
                      errors=data['errors'], bytes=data['bytes'], wrk_cpu_s=round(wrk_cpu, 3),
-                     command=cmd, text=done.stdout)
+                     command=cmd, text=done.stdout, bodies=data.get('bodies', {}))
 
 
 def parse(stdout: str) -> dict:
@@ -114,11 +115,16 @@ def parse_text(stdout: str) -> dict:
 
 
 def errors_of(result: WrkResult) -> list[str]:
-    """What is wrong with a run, in words; empty when every request answered 2xx/3xx without a socket error."""
+    """What is wrong with a run, in words; empty when every request answered 2xx/3xx without a socket error and
+    every checked body held the row its call asked for."""
     problems = [f'{count} {kind}' + (' (non-2xx/3xx responses)' if kind == 'status' else ' errors')
                 for kind, count in result.errors.items() if count]
     if result.requests == 0:
         problems.append('no requests completed')
+    bodies = result.bodies
+    problems += [f'{bodies[kind]} wrong bodies ({kind})' for kind in ('bad_body', 'unasked') if bodies.get(kind)]
+    if bodies.get('check') == 'account' and not bodies.get('checked') and result.requests:
+        problems.append('no body was checked')
     return problems
 
 

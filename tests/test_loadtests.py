@@ -83,6 +83,76 @@ def test_harness_smoke_block(settings, services, tmp_path):
     assert (block / "results.md").exists()
 
 
+# --- wrk's body check: the attack on it -------------------------------------------------------
+
+class AccountServer:
+    """A plain HTTP server answering GET /q/account?aid=N with the row pgbench's layout gives N, or
+    with the wrong answer `lie` makes of it (an answer for another account, a wrong branch, two rows)."""
+
+    def __init__(self, lie=None):
+        import http.server
+        import socketserver
+        import threading
+        from urllib.parse import parse_qs, urlparse
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def do_GET(self):
+                aid = int(parse_qs(urlparse(self.path).query)["aid"][0])
+                rows = [{"aid": aid, "bid": (aid - 1) // 100000 + 1, "abalance": 0}]
+                body = json.dumps({"rows": lie(rows) if lie else rows}).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args):
+                pass
+
+        class Server(socketserver.ThreadingMixIn, http.server.HTTPServer):
+            daemon_threads = True
+
+        self.server = Server(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def other_account(rows):
+    aid = rows[0]["aid"] % 1000 + 1     # a real row, of an account this call did not ask for
+    return [{"aid": aid, "bid": (aid - 1) // 100000 + 1, "abalance": 0}]
+
+
+@pytest.mark.parametrize("lie, found", [
+    (None, None),
+    (lambda rows: [{**rows[0], "bid": rows[0]["bid"] + 1}], "bad_body"),
+    (lambda rows: rows + rows, "bad_body"),
+    (lambda rows: [], "bad_body"),
+    (other_account, "unasked"),
+])
+def test_wrk_checks_every_body_it_is_answered(lie, found):
+    from loadtests import wrk
+    if not shutil.which("wrk"):
+        pytest.skip("wrk is not installed")
+    server = AccountServer(lie)
+    try:
+        result = wrk.run(server.url, connections=4, duration_s=1,
+                         env={"QUERY_PATH": "/q/account", "PARAM": "aid", "MAX_ID": "1000000"})
+    finally:
+        server.close()
+    problems = wrk.errors_of(result)
+    assert result.bodies["checked"] > 0, result.bodies
+    if found is None:
+        assert problems == [] and result.bodies["bad_body"] == result.bodies["unasked"] == 0, result.bodies
+    else:
+        assert result.bodies[found] > 0 and any(found in p for p in problems), (result.bodies, problems)
+
+
 # --- the house: imports and raw data ---------------------------------------------------------
 
 def import_graph(package: Path) -> dict[str, set[str]]:

@@ -6,17 +6,20 @@
 --   QUERY_PATH  default /q/account
 --   PARAM       default aid
 --   MAX_ID      default 1000000 (keys are drawn uniformly from 1..MAX_ID)
+--   CHECK_BODY  "account" (default): every 200 body must hold exactly one row of the account asked for:
+--               its aid was asked for by this thread and not yet answered (so no answer is another call's,
+--               repeated, or invented) and its bid is the one pgbench's layout gives it, (aid-1)/100000+1;
+--               "off": bodies are not read (another query, or a pure throughput floor)
+-- Wrong bodies are counted as "bad_body" (the row does not match) and "unasked" (an answer for an aid this
+-- thread has no call out for); both must be 0 in a result.
 local api_key = os.getenv("API_KEY") or ""
 local query_path = os.getenv("QUERY_PATH") or "/q/account"
 local param = os.getenv("PARAM") or "aid"
 local max_id = tonumber(os.getenv("MAX_ID") or "1000000")
+local check_body = (os.getenv("CHECK_BODY") or "account") ~= "off"
+local accounts_per_branch = 100000
 
 local thread_counter = 0
-
-function setup(thread)
-  thread_counter = thread_counter + 1
-  thread:set("thread_id", thread_counter)
-end
 
 function init(args)
   -- a different sequence per thread and per run
@@ -27,11 +30,60 @@ function init(args)
   sep = string.find(query_path, "?", 1, true) and "&" or "?"
 end
 
+-- Calls out, per aid (a thread's connections each have one call out: keep-alive, no pipelining).
+-- The counters are globals: done() reads them from each thread's own Lua state (thread:get).
+local outstanding = {}
+bad_body = 0
+unasked = 0
+checked = 0
+
 function request()
-  return wrk.format("GET", query_path .. sep .. param .. "=" .. math.random(1, max_id))
+  local aid = math.random(1, max_id)
+  if check_body then
+    outstanding[aid] = (outstanding[aid] or 0) + 1
+  end
+  return wrk.format("GET", query_path .. sep .. param .. "=" .. aid)
+end
+
+if check_body then
+  function response(status, headers, body)
+    if status ~= 200 then
+      return   -- counted by wrk as a status error; its call stays out (the aid is unknown)
+    end
+    checked = checked + 1
+    local aid = tonumber(string.match(body, '"aid"%s*:%s*(%d+)'))
+    local bid = tonumber(string.match(body, '"bid"%s*:%s*(%d+)'))
+    local _, rows = string.gsub(body, '"aid"%s*:', "")
+    if aid == nil or rows ~= 1 or bid ~= math.floor((aid - 1) / accounts_per_branch) + 1 then
+      bad_body = bad_body + 1
+      return
+    end
+    local out = outstanding[aid]
+    if out == nil then
+      unasked = unasked + 1
+    elseif out == 1 then
+      outstanding[aid] = nil
+    else
+      outstanding[aid] = out - 1
+    end
+  end
+end
+
+local threads = {}
+
+function setup(thread)
+  thread_counter = thread_counter + 1
+  thread:set("thread_id", thread_counter)
+  threads[#threads + 1] = thread
 end
 
 function done(summary, latency, requests)
+  local bad, stray, seen = 0, 0, 0
+  for _, t in ipairs(threads) do
+    bad = bad + (t:get("bad_body") or 0)
+    stray = stray + (t:get("unasked") or 0)
+    seen = seen + (t:get("checked") or 0)
+  end
   local p = {}
   for _, q in ipairs({50, 90, 99, 99.9}) do
     p[#p + 1] = string.format('"%s": %d', tostring(q), latency:percentile(q))
@@ -39,9 +91,10 @@ function done(summary, latency, requests)
   io.write(string.format(
     'WRKJSON {"requests": %d, "duration_us": %d, "bytes": %d, ' ..
     '"errors": {"connect": %d, "read": %d, "write": %d, "status": %d, "timeout": %d}, ' ..
+    '"bodies": {"checked": %d, "bad_body": %d, "unasked": %d, "check": "%s"}, ' ..
     '"latency_us": {"min": %d, "max": %d, "mean": %.1f, "stdev": %.1f, %s}}\n',
     summary.requests, summary.duration, summary.bytes,
     summary.errors.connect, summary.errors.read, summary.errors.write, summary.errors.status,
-    summary.errors.timeout,
+    summary.errors.timeout, seen, bad, stray, check_body and "account" or "off",
     latency.min, latency.max, latency.mean, latency.stdev, table.concat(p, ", ")))
 end

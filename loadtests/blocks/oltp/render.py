@@ -16,10 +16,12 @@ from ...stats import (
     fmt_rps,
     other_cores,
     overlap,
+    paired_ratios,
     pct,
     pg_cores,
     rps,
     show,
+    show_paired,
     target_cores,
     wrk_cores,
 )
@@ -53,12 +55,14 @@ def render(meta: dict, runs: list[dict], section: list[str] = ()) -> str:
             '[min-max].', '']
     header = ['Connections', *targets]
     if baseline and others:
-        header += [f'{o} / {baseline}' for o in others]
+        header += [f'{o} / {baseline}' for o in others] + [f'{o} / {baseline}, paired per round' for o in others]
     out += table_head(header)
     for c in connections:
         row = [str(c)] + [show(cells[t, c].stat(rps), fmt_rps) + _warn(cells[t, c]) for t in targets]
         for o in (others if baseline else []):
             row.append(_ratio(cells[o, c].stat(rps), cells[baseline, c].stat(rps)))
+        for o in (others if baseline else []):
+            row.append(show_paired(paired_ratios(cells[o, c].runs, cells[baseline, c].runs, rps)))
         out.append('| ' + ' | '.join(row) + ' |')
     out.append('')
 

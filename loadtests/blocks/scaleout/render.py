@@ -17,10 +17,12 @@ from ...stats import (
     median_range,
     other_cores,
     overlap,
+    paired_ratios,
     pct,
     pg_cores,
     rps,
     show,
+    show_paired,
     target_cores,
     wrk_cores,
 )
@@ -99,10 +101,11 @@ def render(meta: dict, runs: list[dict], images: list[Path] | None = None) -> st
                        f'{fmt_rps(stat[0] / w) if stat else "-"} | {show(per_core, fmt_rps)} | {eff} | '
                        f'{show(cell.stat(target_cores))} | {show(cell.stat(cpu_per_call))} |')
     out.append('')
+    out += _paired_efficiency(cells, target_names, counts)
     if 'gateway' in target_names and 'peer' in target_names:
         out += ['Ours against the peer at the same worker count (ratio of medians; "clear" only when the ranges do '
-                'not overlap):', '']
-        out += table_head(['Workers', 'gateway / peer req/s', 'gateway / peer CPU per call'])
+                'not overlap; paired: ratio of the two runs of each round):', '']
+        out += table_head(['Workers', 'gateway / peer req/s', 'paired per round', 'gateway / peer CPU per call'])
         for w in counts:
             g, p = cells.get(('gateway', w)), cells.get(('peer', w))
             if g is None or p is None:
@@ -110,7 +113,8 @@ def render(meta: dict, runs: list[dict], images: list[Path] | None = None) -> st
             n = min(len(g.runs), len(p.runs))
             ratio = _ratio(g.stat(rps), p.stat(rps), n)
             cpu = _ratio(g.stat(cpu_per_call), p.stat(cpu_per_call), n)
-            out.append(f'| {w} | {ratio} | {cpu} |')
+            paired = show_paired(paired_ratios(g.runs, p.runs, rps))
+            out.append(f'| {w} | {ratio} | {paired} | {cpu} |')
         out.append('')
     for image in images or []:
         out += [f'![{image.stem}]({image.name})', '']
@@ -159,6 +163,40 @@ def render(meta: dict, runs: list[dict], images: list[Path] | None = None) -> st
     out.append('')
     out += environment(meta)
     return '\n'.join(out) + '\n'
+
+
+EFFICIENCY_GOAL = 0.90      # of linear, up to 8 workers (the scale-out issue)
+SPREAD_GOAL = 0.15          # each worker within 15% of an even share, every round
+
+
+def _paired_efficiency(cells: dict, target_names: list[str], counts: list[int]) -> list[str]:
+    """Efficiency against linear round by round (req/s at w ÷ (w × req/s at 1 worker, same round)), judged on the
+    worst round, and how evenly the workers shared the load (each worker's CPU against the mean, worst round)."""
+    out = ['Paired per round: efficiency = req/s(w) ÷ (w × req/s(1)) of the same round, median [min-max], the goal '
+           f'({EFFICIENCY_GOAL:.0%} of linear up to 8 workers) judged on the worst round. Worker spread: the largest '
+           'distance of one worker\'s busy CPU from the workers\' mean, in the round where it was largest (goal: '
+           f'within {SPREAD_GOAL:.0%}).', '']
+    out += table_head(['Workers', 'Target', 'Efficiency, paired per round', 'Worker spread, worst round',
+                       'Worker cores, that round'])
+    for t in target_names:
+        one = cells.get((t, 1))
+        for w in counts:
+            cell = cells.get((t, w))
+            if cell is None:
+                continue
+            eff = '-' if one is None or w == 1 else show_paired(
+                paired_ratios(cell.runs, one.runs, rps, scale=w), goal=EFFICIENCY_GOAL if w <= 8 else None,
+                percent=True)
+            spreads = [r for r in cell.runs if r.get('worker_spread') is not None]
+            worst = max(spreads, key=lambda r: r['worker_spread'], default=None)
+            if worst is None or w == 1:
+                spread, cores = '-', '-'
+            else:
+                verdict = 'meets' if worst['worker_spread'] <= SPREAD_GOAL else 'misses'
+                spread = f'{worst["worker_spread"]:.0%} (round {worst.get("round")}: {verdict} {SPREAD_GOAL:.0%})'
+                cores = ' + '.join(f'{c:.2f}' for c in worst.get('worker_cores', []))
+            out.append(f'| {w} | {t} | {eff} | {spread} | {cores} |')
+    return out + ['']
 
 
 def _ratio(ours, base, rounds: int) -> str:

@@ -44,6 +44,7 @@ from ... import peer, rundir, system, targets, wrk
 from ...harness import (
     WARMUP_CONNECTIONS,
     Block,
+    WorkerShares,
     collect_versions,
     ensure_data,
     local_postgres,
@@ -51,6 +52,7 @@ from ...harness import (
     now_iso,
     pin_postgres,
     progress_line,
+    require_clean_tree,
     rotated,
 )
 from ...rundir import write_meta
@@ -245,6 +247,7 @@ def run_group(block: Block, group: list[Server], args, ctx: dict, progress: dict
             for position, server in enumerate(order):
                 connections = args.conns_per_worker * server.workers
                 extra = _idle_probe([s for s in live if s is not server])
+                extra.setdefault('probes', []).append(WorkerShares(server.target.pids[0]))
                 record = block.measure(server.target, kind='run', round=r + 1, position=position,
                                        connections=connections, duration_s=args.duration,
                                        order=[s.label for s in order], **extra, **server.tags())
@@ -317,6 +320,8 @@ def parse_args(argv=None):
     parser.add_argument('--gateway-root', type=Path, default=REPO)
     parser.add_argument('--create-data', action='store_true')
     parser.add_argument('--no-plots', action='store_true', help='skip the PNG plots')
+    parser.add_argument('--allow-dirty', action='store_true',
+                        help='run from a tree with uncommitted changes (a smoke run; such numbers are not a result)')
     parser.add_argument('--out', type=Path, default=rundir.RESULTS,
                         help='folder for scaleout-<timestamp>/ (default loadtests/results/, gitignored)')
     args = parser.parse_args(argv)
@@ -336,6 +341,7 @@ def parse_args(argv=None):
 def main(argv=None) -> int:
     args = parse_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)
+    require_clean_tree(args.allow_dirty)
     for tool in ('wrk', 'taskset'):
         if not system.tool_path(tool):
             raise SystemExit(f'{tool} not found')
@@ -440,6 +446,7 @@ def _main(args, run_dir: Path, work_dir: Path) -> int:
         for group in groups:
             run_group(block, group, args, ctx, progress)
         meta['finished_at'] = now_iso()
+        failed = block.verdict()
     except KeyboardInterrupt as stop:
         failed = f'interrupted ({stop})'
     except (TargetError, wrk.WrkError, OSError) as error:
