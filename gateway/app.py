@@ -39,6 +39,7 @@ from .ports import Admission, AdmitAll, Events, LocalSync, Sync
 from .settings import Settings
 from .store.history import HistoryWriter
 from .store.schema import migrate
+from .store.spool import Spool, spool_folder
 
 
 @dataclass
@@ -122,8 +123,10 @@ def build_app(settings: Settings, ports: Ports | None = None) -> GatewayApp:
     holder = CatalogHolder(connect, on_reload=on_reload)
     holder.reload()
     sync, admission, events = ports.sync, ports.admission, ports.events
+    spool_root = spool_folder(settings.history_spool, settings.home)
     history = HistoryWriter(connect, worker_name(), settings.history_batch, settings.history_flush_ms,
-                            settings.history_queue_max, settings.history_retention_days)
+                            settings.history_queue_max, settings.history_retention_days,
+                            spool=Spool(spool_root, worker_name()) if spool_root else None)
     store_pool = psycopg2.pool.ThreadedConnectionPool(1, 4, settings.database_url,
                                                       connect_timeout=settings.connect_timeout_s,
                                                       application_name="gateway-fleet-admin")

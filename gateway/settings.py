@@ -101,6 +101,12 @@ class Settings:
                                   "are dropped and counted.")
     history_retention_days: int = _doc(30, "Runs older than this are deleted (hourly, by one worker). "
                                        "0: keep everything.")
+    history_spool: str = _doc("", "Folder of the workers' crash spools (each run recorded is also appended "
+                              "to a file there until it is stored; a dead worker's spool is stored by another "
+                              "worker of the same home on this host). Empty: `/dev/shm/gateway-fleet-<uid>-<hash "
+                              "of GATEWAY_HOME>` (memory: survives a process, not the host), else "
+                              "`<home>/run/spool`; `off`: no spool (a crash loses the runs of the last "
+                              "`GATEWAY_HISTORY_FLUSH_MS`).")
 
     # --- fleet ---------------------------------------------------------------------------
     sync_timeout_ms: int = _doc(2000, "Longest a management call waits for every live worker "

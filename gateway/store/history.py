@@ -1,14 +1,23 @@
 """Run history, written off the hot path.
 
-A call appends one tuple to an in-memory queue (no I/O, no lock beyond the deque's own);
-a background thread writes batches to the store with ``COPY`` (measured: formatting rows
-for ``execute_values`` cost the worker about 9% of its CPU at full load; a hand-built
-COPY buffer costs a fraction of that). The queue is bounded: under overload the oldest runs are not dropped, new ones
-are, and counted, so memory stays bounded and the loss is visible.
+A call appends its run and the run's COPY line to an in-memory queue (no lock beyond the
+deque's own) and, with a spool (``spool.py``), writes the line to the worker's crash spool
+(one ``write(2)`` to tmpfs, no lock); a background thread writes batches to the store with
+``COPY`` (measured: formatting rows for ``execute_values`` cost the worker about 9% of its CPU
+at full load; a hand-built COPY buffer costs a fraction of that, and the line is made once,
+for the spool and the COPY alike) and, every second, stores the spools of dead workers.
+The queue is bounded: under overload the oldest runs are not dropped, new ones are, and
+counted, so memory stays bounded and the loss is visible.
+
+What a crash loses: with the spool, nothing a caller was answered (a run is recorded before
+its answer is sent), as long as a worker of the same home on this host starts or runs after
+it (the dead worker's replacement does); without it, or when the host itself goes down, the
+runs not yet stored: those of the last ``flush_ms`` and the batch being written.
 """
 from __future__ import annotations
 
 import collections
+import contextlib
 import io
 import logging
 import threading
@@ -20,10 +29,12 @@ import psycopg2
 import psycopg2.extensions
 
 from ..ports import Run
+from .spool import Spool, orphans, replay
 
 log = logging.getLogger("gateway.history")
 
 PRUNE_EVERY_S = 3600
+REPLAY_EVERY_S = 1.0      # how often the history thread looks for dead workers' spools
 _PRUNE_LOCK = 0x6777_6670
 _COPY = ("COPY gw_run_history (at, request_id, key_id, query, version, status, code, "
          "row_count, duration_ms, worker, admitted) FROM STDIN")
@@ -33,20 +44,20 @@ _NULL = "\\N"
 
 
 class _Clock:
-    """Formats run times for COPY, reusing the text of the current second."""
+    """Formats run times for COPY, reusing the text of the current second. Shared by request
+    threads: the second and its text are one tuple, replaced whole, never read half-updated."""
 
-    __slots__ = ("second", "prefix")
+    __slots__ = ("_cached",)
 
     def __init__(self) -> None:
-        self.second = -1
-        self.prefix = ""
+        self._cached = (-1, "")
 
     def text(self, ts: float) -> str:
         second = int(ts)
-        if second != self.second:
-            self.second = second
-            self.prefix = datetime.fromtimestamp(second, UTC).strftime("%Y-%m-%d %H:%M:%S")
-        return f"{self.prefix}.{int((ts - second) * 1_000_000):06d}+00"
+        cached = self._cached
+        if cached[0] != second:
+            cached = self._cached = (second, datetime.fromtimestamp(second, UTC).strftime("%Y-%m-%d %H:%M:%S"))
+        return f"{cached[1]}.{int((ts - second) * 1_000_000):06d}+00"
 
 
 def _opt(value: object) -> str:
@@ -65,38 +76,51 @@ def copy_line(clock: _Clock, run: Run) -> str:
 class HistoryWriter:
     """The run stream of one worker. Request threads only ``record``; the thread hands each
     batch once to the observers (metrics, access log, live events: all off the hot path)
-    and then stores it, retrying the store alone while it is unreachable."""
+    and then stores it, retrying the store alone while it is unreachable. Runs replayed from a
+    dead worker's spool go to the store only (that worker's observers already had them)."""
 
     __slots__ = ("_connect", "_worker", "_batch", "_flush_s", "_max", "_queue", "_wake", "_stop",
                  "_thread", "_retention_days", "_pruned_at", "_observers", "_unstored", "dropped",
-                 "written")
+                 "written", "_spool", "_clock", "_replayed_at", "replayed", "spool_failed")
 
     def __init__(self, connect: Callable[[], psycopg2.extensions.connection], worker: str, batch: int,
                  flush_ms: int, queue_max: int, retention_days: int = 30,
-                 observers: Iterable[Callable[[list[Run]], object]] = ()) -> None:
+                 observers: Iterable[Callable[[list[Run]], object]] = (), spool: Spool | None = None) -> None:
         self._connect = connect
         self._worker = worker
         self._batch = batch
         self._flush_s = flush_ms / 1000
         self._max = queue_max
-        self._queue: collections.deque[Run] = collections.deque()
+        self._queue: collections.deque[tuple[Run, str]] = collections.deque()   # (run, its COPY line)
         self._wake = threading.Event()
         self._stop = False
         self._thread: threading.Thread | None = None
         self._retention_days = retention_days
         self._pruned_at = 0.0
         self._observers = list(observers)
-        self._unstored: collections.deque[list[Run]] = collections.deque()
+        self._unstored: collections.deque[list[str]] = collections.deque()     # batches of COPY lines
         self.dropped = 0
         self.written = 0
+        self._spool = spool
+        self._clock = _Clock()
+        self._replayed_at = 0.0
+        self.replayed = 0         # runs of dead workers this one stored
+        self.spool_failed = 0     # runs its spool could not take (the store still gets them)
 
     def record(self, request_id: str, key_id: int | None, query: str | None, version: int | None, status: int,
                code: str | None, rows: int | None, duration_ms: float, admitted: bool) -> None:
         if len(self._queue) >= self._max:
             self.dropped += 1
             return
-        self._queue.append((time.time(), request_id, key_id, query, version, status, code, rows,
-                            duration_ms, self._worker, admitted))
+        run = (time.time(), request_id, key_id, query, version, status, code, rows, duration_ms, self._worker,
+               admitted)
+        line = copy_line(self._clock, run)
+        # Queued before it is spooled: a line in a segment the thread has rotated out is in
+        # the queue it drains next (spool.py).
+        self._queue.append((run, line))
+        spool = self._spool
+        if spool is not None and not spool.write(line):
+            self.spool_failed += 1
 
     def depth(self) -> int:
         return len(self._queue) + sum(map(len, self._unstored))
@@ -114,6 +138,9 @@ class HistoryWriter:
             self._wake.wait(self._flush_s)
             self._wake.clear()
             stopping = self._stop
+            spool = self._spool
+            if spool is not None and not self._unstored:
+                spool.rotate()     # what the drain below takes is what the retired segments hold
             self._drain()
             for observer in self._observers:
                 tick = getattr(observer, "tick", None)
@@ -136,15 +163,21 @@ class HistoryWriter:
                                   len(self._unstored.popleft()), exc)
                         continue
                     self.written += len(self._unstored.popleft())
+                if spool is not None:
+                    spool.release()     # every batch drained so far is stored
+                    if time.monotonic() - self._replayed_at >= REPLAY_EVERY_S:
+                        self._replay_orphans(conn, spool)
                 if self._retention_days and time.monotonic() - self._pruned_at > PRUNE_EVERY_S:
                     self._prune(conn)
             except psycopg2.Error:
                 log.warning("history: store unreachable, %d runs waiting", self.depth())
                 conn = None
                 if stopping:
-                    return
+                    return     # a spool stays behind: another worker stores it
                 self._wake.wait(1)
             if stopping:
+                if spool is not None and not self._unstored and not self._queue:
+                    spool.close()
                 return
 
     def _drain(self) -> None:
@@ -152,22 +185,45 @@ class HistoryWriter:
         # cut the stream into many tiny batches (a COPY and an XADD each).
         waiting = len(self._queue)
         while waiting > 0:
-            batch = [self._queue.popleft() for _ in range(min(waiting, self._batch))]
-            waiting -= len(batch)
+            taken = [self._queue.popleft() for _ in range(min(waiting, self._batch))]
+            waiting -= len(taken)
+            batch = [run for run, _ in taken]
             for observer in self._observers:
                 try:
                     observer(batch)
                 except Exception:
                     log.exception("history: an observer failed")
-            self._unstored.append(batch)
+            self._unstored.append([line for _, line in taken])
         while self._unstored and sum(map(len, self._unstored)) > self._max:
             self.dropped += len(self._unstored.popleft())  # the store has been down too long
 
     @staticmethod
-    def _store(conn: psycopg2.extensions.connection, batch: list[Run]) -> None:
+    def _store(conn: psycopg2.extensions.connection, lines: list[str]) -> None:
         with conn.cursor() as cur:
-            clock = _Clock()
-            cur.copy_expert(_COPY, io.StringIO("".join([copy_line(clock, run) for run in batch])))
+            cur.copy_expert(_COPY, io.StringIO("".join(lines)))
+
+    def _replay_orphans(self, conn: psycopg2.extensions.connection, spool: Spool) -> None:
+        """Store what dead workers of this home recorded and did not store (their spools)."""
+        self._replayed_at = time.monotonic()
+        for orphan in orphans(spool.root, own=spool.path):
+            stored = False
+            try:
+                count = replay(conn, orphan.text())
+                stored = True
+            except (psycopg2.OperationalError, psycopg2.InterfaceError):
+                raise              # the store went away: the spool waits for the next try
+            except psycopg2.Error as exc:
+                # Refused (not a lost connection): it would be refused forever. Kept aside
+                # under a dot-name for an operator, never tried again.
+                log.error("history: the store refused the spool %s (%s); kept as .failed", orphan.path, exc)
+                with contextlib.suppress(OSError):
+                    orphan.path.rename(orphan.path.with_name(".failed-" + orphan.path.name))
+                continue
+            finally:
+                orphan.done(remove=stored)
+            self.replayed += count
+            if count:
+                log.warning("history: stored %d runs a dead worker had not stored (%s)", count, orphan.path.name)
 
     def _prune(self, conn: psycopg2.extensions.connection) -> None:
         """Drop runs older than the retention; one worker of the fleet does it at a time."""
