@@ -20,7 +20,17 @@ Protocol (every key shares the ``{fleet}`` hash tag, so it runs on Redis Cluster
    trusting its catalog: each request checks the store's generation first (see
    ``gateway.model.state``) until the bus is back. So step 2 may stop waiting for a worker whose
    heartbeat expired: that worker is already checking the store.
-6. Every (re)connect does a full reload before the lease is renewed.
+6. Every (re)connect does a full reload before the lease is renewed. A subscription that
+   ends or is confirmed a second time (the connection was re-established under it, e.g. by a
+   failover) counts as a reconnect.
+
+Redis Cluster and Sentinel (``fleet.redis_client``): the keys share the ``{fleet}`` hash tag
+(one slot); in a cluster the change is published with ``SPUBLISH`` and the thread subscribes
+with ``SSUBSCRIBE`` on the master of that slot, so the publish, the subscription and the pings
+meet on one server and keep the order step 4 relies on. A failover closes the subscription
+(the master died, Sentinel kills the demoted master's clients, a cluster node that loses the
+slot ends its shard subscriptions): the thread reconnects to the new master within
+``min(lease, 0.5 s)`` of it answering, and reloads.
 
 Bounds: a management call waits at most ``min(sync timeout, lease + ping)`` for a silent
 worker; when Redis cannot be reached to publish, it waits out one lease so every worker
@@ -37,6 +47,8 @@ from typing import TYPE_CHECKING
 
 import redis
 import redis.client
+
+from .redis_client import RedisLink
 
 if TYPE_CHECKING:
     from gateway.model.state import CatalogHolder
@@ -84,8 +96,7 @@ def worker_id() -> str:
 
 
 def client(url: str, timeout_s: float = 0.5) -> redis.Redis:
-    return redis.Redis.from_url(url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s,
-                                health_check_interval=0)
+    return RedisLink(url).client(timeout_s, health_check_interval=0)
 
 
 class RedisBus:
@@ -93,11 +104,11 @@ class RedisBus:
     what a management call does after its commit."""
 
     def __init__(self, url: str, lease_ms: int, ping_ms: int, sync_timeout_ms: int) -> None:
-        self._url = url
+        self._link = RedisLink(url)
         self._lease_s = lease_ms / 1000
         self._ping_s = ping_ms / 1000
         self._sync_timeout_s = sync_timeout_ms / 1000
-        self._redis = client(url)
+        self._redis = self._link.client(0.5, health_check_interval=0)
         self._heartbeat = self._redis.register_script(_HEARTBEAT)
         self._pending = self._redis.register_script(_PENDING)
         self._worker = worker_id()
@@ -129,9 +140,10 @@ class RedisBus:
             backoff = min(backoff * 2, 0.5)
 
     def _serve(self, holder: CatalogHolder) -> None:
-        pubsub = client(self._url, timeout_s=max(self._ping_s * 2, 0.5)).pubsub(ignore_subscribe_messages=True)
+        pubsub = self._link.subscriber(CHANNEL, max(self._ping_s * 2, 0.5)).pubsub()
         try:
-            pubsub.subscribe(CHANNEL)
+            self._link.subscribe(pubsub, CHANNEL)
+            subscribed = False
             # Full reload on every (re)connect: anything published while away is covered.
             self._acknowledge(holder.reload())
             if not self.connected:
@@ -142,11 +154,18 @@ class RedisBus:
             while not self._stop.is_set():
                 message = pubsub.get_message(timeout=self._ping_s)
                 if message is not None:
-                    if message["type"] == "message":
+                    kind = message["type"]
+                    if kind in ("message", "smessage"):
                         self._acknowledge(holder.reload(at_least=int(message["data"])))
-                    elif message["type"] == "pong" and ping_sent is not None:
+                    elif kind == "pong" and ping_sent is not None:
                         holder.renew(ping_sent + self._lease_s)
                         ping_sent = None
+                    elif kind in ("subscribe", "ssubscribe"):
+                        if subscribed:   # re-established under us: messages may have been missed
+                            raise redis.ConnectionError("the subscription was re-established")
+                        subscribed = True
+                    elif kind in ("unsubscribe", "sunsubscribe"):
+                        raise redis.ConnectionError("the server ended the subscription (the slot moved)")
                 now = time.monotonic()
                 if ping_sent is not None and now - ping_sent > self._lease_s:
                     raise redis.ConnectionError("no pong within the lease")
@@ -172,7 +191,7 @@ class RedisBus:
         try:
             pipe = self._redis.pipeline(transaction=False)
             pipe.set(GENERATION, generation)
-            pipe.publish(CHANNEL, generation)
+            self._link.publish(pipe, CHANNEL, generation)
             pipe.execute()
         except redis.RedisError as exc:
             # Nobody can be told: wait until every lease has run out, so every worker checks
@@ -196,7 +215,10 @@ class RedisBus:
 
     def ready(self) -> bool:
         try:
-            return bool(self._redis.ping())
+            # A keyed command: in a cluster it asks the master of the bus's slot (a PING
+            # would ask every node, and fail while any one of them fails over).
+            self._redis.exists(ALIVE)
+            return True
         except redis.RedisError:
             return False
 

@@ -8,6 +8,12 @@ batch into one SSE event per run; the SSE id is set on the batch's last event, s
 resumes after the last batch it received whole. Readers (``GET /events``, server-sent events) each hold a Redis
 connection blocked in ``XREAD``, resuming from ``Last-Event-ID`` as long as that entry is
 still within the stream's bound (``GATEWAY_EVENTS_MAXLEN``).
+
+The stream is one key (``{events}``: one slot of a Redis Cluster). Through a failover the
+entries the promoted replica had not received are gone, and a reader's ``Last-Event-ID`` may
+then be ahead of the stream: it waits for newer entries (IDs keep rising with the clock),
+so it misses the lost ones and nothing else. Writers drop their batches while the stream's
+master is away (logged once per outage).
 """
 from __future__ import annotations
 
@@ -18,6 +24,8 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 import redis
+
+from .redis_client import RedisLink
 
 if TYPE_CHECKING:
     from gateway.ports import Run
@@ -30,8 +38,8 @@ POLL_MS = 1000  # a reader's longest XREAD: how soon a stream ends once its work
 
 class RedisEvents:
     def __init__(self, url: str, maxlen: int, max_readers: int, worker: str) -> None:
-        self._url = url
-        self._redis = redis.Redis.from_url(url, socket_timeout=1, socket_connect_timeout=1)
+        self._link = RedisLink(url)
+        self._redis = self._link.client(1.0)
         self._maxlen = maxlen
         self._readers = threading.BoundedSemaphore(max_readers)
         self._worker = worker
@@ -49,11 +57,14 @@ class RedisEvents:
             for at, rid, key_id, query, version, status, code, rows, duration_ms, worker, _ in batch)
         try:
             self._redis.xadd(STREAM, {"type": "runs", "data": runs}, maxlen=self._maxlen, approximate=True)
-            self._failing = False
         except redis.RedisError as exc:
             if not self._failing:   # once per outage, not once per batch
                 log.warning("events: cannot publish runs (%s); dropping them until Redis is back", exc)
             self._failing = True
+            return
+        if self._failing:
+            log.warning("events: publishing runs again")
+        self._failing = False
 
     def change(self, doc: dict) -> None:
         try:
@@ -69,7 +80,7 @@ class RedisEvents:
     def read(self, last_id: str, block_ms: int = 15000) -> Iterator[bytes]:
         """Yield SSE frames from after ``last_id`` ('$': only new ones) until the worker
         drains; a comment line every ``block_ms`` keeps proxies from closing an idle stream."""
-        conn = redis.Redis.from_url(self._url, socket_timeout=block_ms / 1000 + 5, socket_connect_timeout=2)
+        conn = self._link.client(block_ms / 1000 + 5, connect_timeout_s=2)
         try:
             yield from self._frames(conn, last_id, block_ms)
         except redis.RedisError as exc:

@@ -57,12 +57,25 @@ bucket, so the rebuild waits for the next admission and the history has caught u
 
 Redis unreachable (``GATEWAY_REDIS_FAILURE``): ``open`` admits through a local token bucket
 per worker holding its share (1/W, W = live workers last seen on the bus) of each limit and
-quota; ``closed`` answers 503. Either way the worker counts and logs the fallback once,
-retries Redis every 250 ms, and returns to the shared buckets by itself.
+quota; ``closed`` answers 503. Either way the worker retries Redis every 250 ms and returns
+to the shared buckets by itself; it logs once when it starts deciding locally, once when
+Redis answers again, and a summary every ``GATEWAY_DEGRADED_LOG_S`` between
+(``fleet.degraded``), never a line per call.
 
 Every Redis key carries a hash tag per bucket (``gw:{rl:key:7}``), so each script touches
 one slot and runs on Redis Cluster; scripts are sent with EVALSHA and re-sent on NOSCRIPT
-(redis-py's ``Script`` does this).
+(redis-py's ``Script`` does this; a promoted replica has no scripts cached).
+
+Failover (Redis Cluster or Sentinel, ``fleet.redis_client``): while the failed master's
+buckets are unreachable, the worker decides as with Redis unreachable; in a cluster the
+250 ms windows cover the worker's buckets on the other masters too (one flag per worker, so
+a partition costs one timeout per window, not one per key). The promoted replica then
+serves the buckets it had received. Writes it had not (asynchronous replication) are lost:
+a quota bucket it never received is rebuilt from the run history (above: at most the quota
++ the calls in flight); one it received but behind the master counts the calls leased in
+the last replication lag (typically under a millisecond of leases; ``WAIT`` is not used) a
+second time for the fleet's benefit: the quota may admit up to those calls more. Rate
+buckets restart from what the replica held: at most one burst more, as above.
 """
 from __future__ import annotations
 
@@ -79,6 +92,9 @@ import redis
 from gateway.errors import GatewayError
 from gateway.model.limits import Quota, Rate, quota_period, quota_window
 from gateway.ports import Clock, Headers, quota_exceeded, rate_limited
+
+from .degraded import DegradedLog
+from .redis_client import RedisLink, drop_idle
 
 if TYPE_CHECKING:
     from gateway.model.catalog import ApiKey
@@ -185,8 +201,7 @@ class LeasedAdmission:
                  clock: Clock = time.monotonic, wall: Clock = time.time, history: UsageReader | None = None) -> None:
         """``history``: what a key was admitted since its period began, read from the store
         when a quota bucket is created (without it, a bucket starts at 0)."""
-        self._redis = redis.Redis.from_url(redis_url, socket_timeout=settings.redis_timeout_ms / 1000,
-                                           socket_connect_timeout=settings.redis_timeout_ms / 1000)
+        self._redis = RedisLink(redis_url).client(settings.redis_timeout_ms / 1000)
         self._take_tokens = self._redis.register_script(_TAKE_TOKENS)
         self._take_calls = self._redis.register_script(_TAKE_CALLS)
         self._lease_s = settings.lease_ms / 1000
@@ -207,6 +222,10 @@ class LeasedAdmission:
         self.rebuilt = 0            # quota buckets created from the run history (new period or lost)
         self.lost = 0               # ... of which this worker had leased from before: Redis lost them
         self._warned_until = 0.0
+        self.degraded = DegradedLog(log, "refusing with 503" if self._closed_on_failure else
+                                    "admitting through this worker's local share of each limit",
+                                    settings.degraded_log_s, clock)
+        self._failed_bucket = ""    # probed by the flusher to find Redis back when no call does
         self._stop = threading.Event()
         self._flusher = threading.Thread(target=self._flush_loop, name="gateway-leases", daemon=True)
         self._flusher.start()
@@ -270,9 +289,11 @@ class LeasedAdmission:
                 grant, left, wait_ms = self._take_tokens(
                     keys=[lease.bucket], args=[rate.per_s / 1000, rate.burst, lease.want, 0])
             except redis.RedisError as exc:
-                self._redis_down(exc)
+                self._redis_down(exc, lease.bucket)
                 return self._local_rate(lease, rate, now, who)
             self.redis_calls += 1
+            if self.degraded.degraded:
+                self.degraded.succeeded()
             lease.shared = float(left)
             lease.reset_s = math.ceil((rate.burst - lease.shared) / rate.per_s)
             if grant <= 0:
@@ -373,13 +394,15 @@ class LeasedAdmission:
                 taken = self._take(lease, quota.calls, lease.want, back, rows)
             except redis.RedisError as exc:
                 lease.rows_pending += rows
-                self._redis_down(exc)
+                self._redis_down(exc, lease.bucket)
                 return self._local_quota(lease, quota.calls, reset_s, now)
             except _NoHistory as exc:
                 lease.rows_pending += rows
                 self._no_history(lease, exc, now)
                 return self._local_quota(lease, quota.calls, reset_s, now)
             self.redis_calls += 1
+            if self.degraded.degraded:
+                self.degraded.succeeded()
             grant, used, rows_used = taken or (0, 0, 0)   # None only when nothing was asked for
             lease.shared, lease.rows_used = used, rows_used
             if grant <= 0:
@@ -401,15 +424,19 @@ class LeasedAdmission:
         return headers
 
     # --- Redis unreachable ------------------------------------------------------------
-    def _redis_down(self, exc: Exception) -> None:
+    def _redis_down(self, exc: Exception, bucket: str = "") -> None:
         # Drop the idle pooled connections: after a restart each stale socket would otherwise
         # fail once more and push the return to shared state back by another 250 ms. (Not the
         # ones in use: that would fail other threads' calls and feed the outage itself.)
-        self._redis.connection_pool.disconnect(inuse_connections=False)
-        if self._clock() >= self._down_until:
-            log.warning("admission: Redis unreachable (%s); %s for %.2fs", exc,
-                        "refusing" if self._closed_on_failure else "using local shares", 0.25)
+        drop_idle(self._redis)
+        if bucket:
+            self._failed_bucket = bucket
+        self.degraded.failed(exc)
         self._down_until = self._clock() + 0.25
+
+    def _probe(self) -> None:
+        """One keyed read on the bucket that failed last (in a cluster: its slot's master)."""
+        self._redis.exists(self._failed_bucket or "gw:{probe}")
 
     def _unavailable(self) -> GatewayError:
         return GatewayError(503, "admission_unavailable", "shared limits are unreachable; retry shortly",
@@ -432,6 +459,7 @@ class LeasedAdmission:
     def _local_rate(self, lease: _Lease, rate: Rate, now: float, who: str) -> Headers:
         self.fallbacks += 1
         if self._closed_on_failure:
+            self.degraded.refused += 1
             raise self._unavailable()
         wait = self._local_take(lease, rate.per_s, rate.burst, now)
         left = lease.local_tokens or 0.0   # set by _local_take just above
@@ -441,17 +469,22 @@ class LeasedAdmission:
                    ("X-RateLimit-Reset", str(math.ceil((max(1.0, rate.burst / share) - left)
                                                        / (rate.per_s / share)))))
         if wait:
+            self.degraded.refused += 1
             raise rate_limited(wait, headers, who)
+        self.degraded.admitted += 1
         return headers
 
     def _local_quota(self, lease: _Lease, calls: int, reset_s: int, now: float) -> Headers:
         self.fallbacks += 1
         if self._closed_on_failure:
+            self.degraded.refused += 1
             raise self._unavailable()
         # The worker's share of what was left when Redis was last seen, spent locally.
         left = calls - int(lease.shared)
         if self._local_take(lease, 0.0, left, now):
+            self.degraded.refused += 1
             raise quota_exceeded("calls", reset_s, ())
+        self.degraded.admitted += 1
         return (("X-Quota-Reset", str(reset_s)),)
 
     # --- background: hand back expired leftovers, settle rows ---------------------------
@@ -463,6 +496,8 @@ class LeasedAdmission:
                 self._redis_down(exc)
             except Exception:
                 log.exception("admission: flush failed")
+            if self.degraded.degraded:   # the summary; and Redis back when no call tried it
+                self.degraded.tick(self._probe if self._clock() >= self._down_until else None)
 
     def flush(self) -> None:
         now = self._clock()

@@ -34,7 +34,11 @@ class Settings:
     # --- where things live -------------------------------------------------------------
     database_url: str = _doc("", "PostgreSQL URL of the gateway's own store. Empty: the "
                              "embedded default (a local PostgreSQL started by the project).")
-    redis_url: str = _doc("", "Redis URL shared by the fleet. Empty: the embedded default "
+    redis_url: str = _doc("", "Redis shared by the fleet. `redis://[:password@]host:port[/db]` (or "
+                          "`rediss://`): one server; `redis+cluster://[:password@]host:port,host:port,...`: "
+                          "Redis Cluster (the nodes are seeds); `redis+sentinel://[:password@]host:port,"
+                          "host:port,.../<master>[/db][?sentinel_password=...]`: the master Sentinel "
+                          "names `<master>`, followed through failovers. Empty: the embedded default "
                           "(a local Redis started by the project).")
     home: str = _doc(".fleet", "Folder for the embedded PostgreSQL/Redis data, logs and pid files.")
     pg_port: int = _doc(54329, "Port of the embedded PostgreSQL (loopback only).")
@@ -94,6 +98,18 @@ class Settings:
     allow_writes: bool = _doc(False, "Server ceiling for writes: saved queries that write run only "
                               "when this is on and the key has `allow_writes`.")
 
+    # --- response cache ------------------------------------------------------------------
+    cache_max_bytes: int = _doc(67_108_864, "Bytes of cached answers each worker holds (saved reads with a "
+                                "`cache_ttl`); least recently used out first. 0: no per-worker cache. An "
+                                "answer larger than a sixteenth of it is not cached.")
+    cache_shared: str = _doc("off", "`on`: a shared tier in Redis behind each worker's cache, so a worker that "
+                             "misses fills from another's answer instead of the database; `off`: per worker only.")
+    cache_max_ttl: int = _doc(86_400, "Largest `cache_ttl` (seconds) a query or version may be saved with.")
+    cache_write_wait_ms: int = _doc(100, "Longest a write through the gateway waits for every live worker to "
+                                    "acknowledge that it dropped the cached answers of the tables it touched; "
+                                    "past it the write answers, and a silent worker stops serving cached answers "
+                                    "when its freshness lease runs out.")
+
     # --- run history ---------------------------------------------------------------------
     history_batch: int = _doc(500, "Runs written to the store per batch.")
     history_flush_ms: int = _doc(200, "Longest a run waits in memory before its batch is written.")
@@ -131,6 +147,9 @@ class Settings:
                                  "counts as Redis unreachable for 250 ms).")
     redis_failure: str = _doc("open", "With Redis unreachable: `open` admits through a local limiter "
                               "holding this worker's share of each limit; `closed` answers 503.")
+    degraded_log_s: int = _doc(60, "While Redis is unreachable each worker logs once when it starts deciding "
+                               "locally, once when Redis answers again, and every this many seconds a "
+                               "summary (calls admitted and refused locally).")
 
     log_level: str = _doc("info", "Log level (`debug`, `info`, `warning`, `error`).")
     access_log: bool = _doc(True, "JSON access log of data-plane calls, written by the history thread "
@@ -169,6 +188,12 @@ class Settings:
             raise SystemExit("GATEWAY_REDIS_FAILURE must be 'open' or 'closed'")
         if self.admission not in ("on", "off"):
             raise SystemExit("GATEWAY_ADMISSION must be 'on' or 'off'")
+        if self.redis_url and self.redis_url.split("://", 1)[0].lower() not in (
+                "redis", "rediss", "unix", "redis+cluster", "redis+sentinel"):
+            raise SystemExit("GATEWAY_REDIS_URL must start with redis://, rediss://, unix://, "
+                             "redis+cluster:// or redis+sentinel://")
+        if self.cache_shared not in ("on", "off"):
+            raise SystemExit("GATEWAY_CACHE_SHARED must be 'on' or 'off'")
         if self.reuse_port not in ("auto", "on", "off"):
             raise SystemExit("GATEWAY_REUSE_PORT must be 'auto', 'on' or 'off'")
         for name in self.allowed_catalog_relations():
