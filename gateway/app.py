@@ -117,6 +117,8 @@ def build_app(settings: Settings, ports: Ports | None = None) -> GatewayApp:
     schemas = SchemaCache(settings, box)
 
     def on_reload(old: Catalog, new: Catalog) -> None:
+        if new.connections is old.connections:   # a change that left every connection as it was
+            return
         pools.retire_unused(new.connections.values())
         schemas.warm(new.connections.values())
 
@@ -132,6 +134,7 @@ def build_app(settings: Settings, ports: Ports | None = None) -> GatewayApp:
                                                       application_name="gateway-fleet-admin")
     metrics = Metrics({"queue_depth": history.depth, "dropped": lambda: history.dropped,
                        "generation": lambda: holder.catalog.generation, "reloads": lambda: holder.reloads,
+                       "full_loads": lambda: holder.full_loads,
                        "pool_sessions": pools.open_sessions, "fallbacks": lambda: admission.fallbacks,
                        "bus_connected": lambda: sync.connected})
     history.add_observer(metrics)

@@ -97,6 +97,8 @@ class Metrics:
         self.fallbacks = Counter("gateway_redis_fallbacks", "Admission decisions made by the local fallback "
                                  "while Redis was unreachable", registry=reg)
         self.reloads = Counter("gateway_catalog_reloads", "Catalog reloads from the store", registry=reg)
+        self.full_loads = Counter("gateway_catalog_full_loads", "Catalog reloads that read the whole catalog "
+                                  "(the others applied only the changed rows)", registry=reg)
         self.queue_depth = Gauge("gateway_history_queue_depth", "Runs waiting to be stored",
                                  multiprocess_mode="livesum", registry=reg)
         self.generation = Gauge("gateway_catalog_generation", "Catalog generation served",
@@ -106,7 +108,7 @@ class Metrics:
         self.bus_connected = Gauge("gateway_bus_connected", "Workers connected to the bus",
                                    multiprocess_mode="livesum", registry=reg)
         self._gauges = gauges
-        self._last = {"dropped": 0, "fallbacks": 0, "reloads": 0}
+        self._last = {"dropped": 0, "fallbacks": 0, "reloads": 0, "full_loads": 0}
 
     def __call__(self, batch: Sequence[Run]) -> None:
         requests, latency, rows_counter = self.requests, self.latency, self.rows
@@ -120,7 +122,8 @@ class Metrics:
 
     def tick(self) -> None:
         values = {name: read() for name, read in self._gauges.items()}
-        for name, counter in (("dropped", self.dropped), ("fallbacks", self.fallbacks), ("reloads", self.reloads)):
+        for name, counter in (("dropped", self.dropped), ("fallbacks", self.fallbacks), ("reloads", self.reloads),
+                              ("full_loads", self.full_loads)):
             delta = values.get(name, 0) - self._last[name]
             if delta > 0:
                 counter.inc(delta)

@@ -1,7 +1,8 @@
 """The worker's in-memory catalog: keys, connections and saved queries, ready to serve.
 
-A catalog is immutable once built. A reload builds a whole new one from the store and
-swaps the reference, so a request reads one consistent snapshot with no lock. Everything
+A catalog is immutable once built. A change builds the next one from the previous one and
+the rows the change log says changed (``refresh``; the whole store is read only when that gap
+is unknown) and swaps the reference, so a request reads one consistent snapshot with no lock. Everything
 a call needs (the parameter binder, the statement text, the grants) was prepared at save
 time and is only looked up here.
 """
@@ -43,7 +44,7 @@ class QueryVersion:
                  "value_order", "statement", "plan_id", "prepare_sql", "execute_sql", "positional", "order", "casts",
                  "stream_template",
                  "published_at", "description", "tags", "parameters", "max_affected_rows",
-                 "analysis", "masks")
+                 "analysis", "masks", "signature")
 
     def __init__(self, name: str, row: dict, connection: Connection) -> None:
         analysis = row["extra"]["analysis"]
@@ -59,7 +60,10 @@ class QueryVersion:
         # bind() returns values in declaration order; the statement wants first-use order.
         self.value_order = tuple(by_name[n] for n in analysis["order"])
         self.statement = f"gw_q{self.query_id}_v{self.version}"   # the prepared statement's name
-        self.plan_id = self.statement                                 # what a key's plan is memoised by
+        # The stored row's digest: a later snapshot keeps this object (and the key plans
+        # memoised by ``plan_id``) only while the row is the same.
+        self.signature = row.get("signature") or ""
+        self.plan_id = f"{self.statement}:{self.signature}"          # what a key's plan is memoised by
         self.parameters = row["parameters"]
         self.description = row["description"]
         self.tags = row["tags"]
@@ -109,6 +113,14 @@ class QueryVersion:
             raise ValueError("the stored kind is not the statement's")
         return sql.paged(text).text
 
+    def rebound(self, connection: Connection) -> QueryVersion:
+        """This version on ``connection`` (a changed copy of its own): nothing is read again."""
+        copy = object.__new__(QueryVersion)
+        for slot in QueryVersion.__slots__:
+            object.__setattr__(copy, slot, getattr(self, slot))
+        copy.connection = connection
+        return copy
+
     def values(self, bound: tuple) -> tuple:
         return tuple(bound[i] for i in self.value_order)
 
@@ -135,6 +147,20 @@ class Query:
         self.name = name
         self.published: QueryVersion | None = None
         self.versions: dict[int, QueryVersion] = {}
+
+    def rebound(self, connections: dict[int, Connection]) -> Query:
+        """A copy whose versions hold the connections of ``connections`` (by id): after a
+        connection changed, its versions must carry the new one, and nothing else changed."""
+        query = Query(self.id, self.name)
+        for number, version in self.versions.items():
+            connection = connections.get(version.connection.id)
+            if connection is None:
+                raise _Gap(f"query {self.id} is on connection {version.connection.id}, which the snapshot lacks")
+            copy = version if version.connection is connection else version.rebound(connection)
+            query.versions[number] = copy
+            if version is self.published:
+                query.published = copy
+        return query
 
 
 class ApiKey:
@@ -163,51 +189,196 @@ class ApiKey:
 
 
 class Catalog:
-    __slots__ = ("generation", "keys", "queries", "connections", "loaded_at", "plans")
+    __slots__ = ("generation", "keys", "queries", "connections", "key_ids", "query_ids", "connection_ids",
+                 "loaded_at", "plans")
 
     def __init__(self, generation: int, keys: dict[str, ApiKey], queries: dict[str, Query],
-                 connections: dict[str, Connection]) -> None:
+                 connections: dict[str, Connection], key_ids: dict[int, str] | None = None,
+                 query_ids: dict[int, str] | None = None, connection_ids: dict[int, Connection] | None = None,
+                 plans: dict[int, dict] | None = None) -> None:
         self.generation = generation
         self.keys = keys                  # prefix -> ApiKey
         self.queries = queries            # name -> Query
         self.connections = connections    # name -> Connection
+        # By store id, so a change read from the change log finds what it replaces.
+        self.key_ids = key_ids if key_ids is not None else {k.id: k.prefix for k in keys.values()}
+        self.query_ids = query_ids if query_ids is not None else {q.id: q.name for q in queries.values()}
+        self.connection_ids = connection_ids if connection_ids is not None else \
+            {c.id: c for c in connections.values()}
         self.loaded_at = time.monotonic()
-        # The snapshot above never changes. ``plans`` is its memo, not its data: (key id,
-        # plan id) -> CallPlan or the refusal, derived from the snapshot alone, filled on first
-        # use (``setdefault``: two threads deriving the same plan keep one) and dropped with
-        # the catalog on reload, so grants and plans never disagree.
-        self.plans: dict = {}
+        # The snapshot above never changes. ``plans`` is its memo, not its data: key id ->
+        # {plan id -> CallPlan or the refusal}, derived from the snapshot alone, filled on
+        # first use (``setdefault``: two threads deriving the same plan keep one). A plan
+        # depends on the key and on the version only, and a version's plan id names its
+        # stored row (its digest: a changed row is a new plan id), so the next snapshot keeps
+        # the memos of the keys it did not change and drops those of the keys it did: grants
+        # and plans never disagree.
+        self.plans: dict[int, dict] = plans if plans is not None else {}
 
     @classmethod
     def empty(cls) -> Catalog:
-        return cls(0, {}, {}, {})
+        """What a worker holds before its first load: generation -1, below any the store has,
+        so the first refresh reads everything."""
+        return cls(-1, {}, {}, {})
+
+
+class Refresh:
+    """What one refresh did: ``how`` is "none" (already current), "changes" (applied the rows
+    changed since the worker's generation) or "full" (read everything); ``rows`` read."""
+
+    __slots__ = ("how", "rows", "changes")
+
+    def __init__(self, how: str, rows: int, changes: int = 0) -> None:
+        self.how = how
+        self.rows = rows
+        self.changes = changes
+
+
+class _Gap(Exception):
+    """The changes do not fit the snapshot they would apply to (a version on a connection
+    the snapshot does not hold): read everything instead."""
+
+
+_VERSIONS = """SELECT q.name AS query_name, q.published_version, v.*, md5(v::text) AS signature
+                 FROM gw_queries q JOIN gw_query_versions v ON v.query_id = q.id"""
 
 
 def load(conn: psycopg2.extensions.connection) -> Catalog:
     """Read the whole catalog, and the generation it is, in one repeatable-read snapshot."""
+    return refresh(conn, Catalog.empty())[0]
+
+
+def refresh(conn: psycopg2.extensions.connection, current: Catalog) -> tuple[Catalog, Refresh]:
+    """The catalog at the store's generation, built from ``current`` by the changes logged
+    since its generation (``gw_catalog_changes``), or read whole when that gap is unknown:
+    a worker that never loaded, one behind what the log still holds, one ahead of the store
+    (a store restored from a backup), or a log that misses a generation (a change made by an
+    older release that logs nothing). One repeatable-read snapshot: what is read is exactly
+    the store at that generation."""
     with conn.cursor(cursor_factory=psycopg2.extras.RealDictCursor) as cur:
-        cur.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+        # One round trip for both: the snapshot starts at the first read.
+        cur.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY; "
+                    "SELECT generation, log_from FROM gw_catalog_state")
         try:
-            cur.execute("SELECT generation FROM gw_catalog_state")
-            generation = cur.fetchone()["generation"]
-            cur.execute("SELECT * FROM gw_connections")
-            connections = {r["name"]: Connection(r) for r in cur.fetchall()}
-            by_id = {c.id: c for c in connections.values()}
-            cur.execute("""SELECT q.name AS query_name, q.published_version, v.*
-                             FROM gw_queries q JOIN gw_query_versions v ON v.query_id = q.id
-                            ORDER BY q.id, v.version""")
-            queries: dict[str, Query] = {}
-            for r in cur.fetchall():
-                query = queries.get(r["query_name"])
-                if query is None:
-                    query = queries[r["query_name"]] = Query(r["query_id"], r["query_name"])
-                version = QueryVersion(r["query_name"], r, by_id[r["connection_id"]])
-                query.versions[version.version] = version
-                if r["published_version"] == version.version:
-                    query.published = version
-            cur.execute("SELECT * FROM gw_api_keys")
-            keys = {r["prefix"]: ApiKey(r) for r in cur.fetchall()}
+            state = cur.fetchone()
+            generation, mine = state["generation"], current.generation
+            if generation == mine:
+                return current, Refresh("none", 1)
+            if 0 <= state["log_from"] <= mine < generation:
+                cur.execute("SELECT kind, id, generation FROM gw_catalog_changes WHERE generation > %s", (mine,))
+                logged = cur.fetchall()
+                if len({r["generation"] for r in logged}) == generation - mine:
+                    try:
+                        new, rows = _apply(cur, current, generation, logged)
+                        return new, Refresh("changes", 1 + len(logged) + rows, generation - mine)
+                    except _Gap:
+                        pass
+            new, rows = _read_all(cur, generation)
+            return new, Refresh("full", 1 + rows)
         finally:
             cur.execute("COMMIT")
-    return Catalog(generation, keys, queries, connections)
 
+
+def _read_all(cur: psycopg2.extensions.cursor, generation: int) -> tuple[Catalog, int]:
+    cur.execute("SELECT * FROM gw_connections")
+    connections = {r["name"]: Connection(r) for r in cur.fetchall()}
+    by_id = {c.id: c for c in connections.values()}
+    cur.execute(_VERSIONS + " ORDER BY q.id, v.version")
+    version_rows = cur.fetchall()
+    queries = _queries(version_rows, by_id, {})
+    cur.execute("SELECT * FROM gw_api_keys")
+    key_rows = cur.fetchall()
+    keys = {r["prefix"]: ApiKey(r) for r in key_rows}
+    return Catalog(generation, keys, queries, connections), len(connections) + len(version_rows) + len(key_rows)
+
+
+def _queries(rows: list[dict], connections: dict[int, Connection], previous: dict[int, Query]) -> dict[str, Query]:
+    """Queries from their version rows (ordered by query, version). A version ``previous``
+    already holds whose stored row is the same (its digest) on the same connection object is
+    kept as it is, prepared forms and memos with it."""
+    queries: dict[str, Query] = {}
+    for r in rows:
+        query = queries.get(r["query_name"])
+        if query is None:
+            query = queries[r["query_name"]] = Query(r["query_id"], r["query_name"])
+        connection = connections.get(r["connection_id"])
+        if connection is None:
+            raise _Gap(f"query {r['query_id']} is on connection {r['connection_id']}, which the snapshot lacks")
+        old = previous.get(r["query_id"])
+        version = old.versions.get(r["version"]) if old is not None else None
+        if version is None or version.signature != r["signature"] or version.connection is not connection \
+                or version.name != r["query_name"]:
+            version = QueryVersion(r["query_name"], r, connection)
+        query.versions[version.version] = version
+        if r["published_version"] == version.version:
+            query.published = version
+    return queries
+
+
+def _apply(cur: psycopg2.extensions.cursor, current: Catalog, generation: int,
+           logged: list[dict]) -> tuple[Catalog, int]:
+    """The next snapshot: ``current``'s dicts copied (a C-level copy of references) with the
+    changed entries replaced. Nothing of ``current`` is modified: requests still reading it
+    see it whole."""
+    changed: dict[str, set[int]] = {"connection": set(), "query": set(), "key": set()}
+    for r in logged:
+        changed[r["kind"]].add(r["id"])
+    rows = 0
+    connections, connection_ids = current.connections, current.connection_ids
+    if changed["connection"]:
+        ids = sorted(changed["connection"])
+        cur.execute("SELECT * FROM gw_connections WHERE id = ANY(%s)", (ids,))
+        fresh = [Connection(r) for r in cur.fetchall()]
+        rows += len(fresh)
+        connections, connection_ids = dict(connections), dict(connection_ids)
+        for cid in ids:                      # every old entry out first: a name may move
+            old = connection_ids.pop(cid, None)
+            if old is not None and connections.get(old.name) is old:
+                del connections[old.name]
+        for connection in fresh:
+            connections[connection.name] = connection_ids[connection.id] = connection
+
+    queries, query_ids = current.queries, current.query_ids
+    if changed["query"] or changed["connection"]:
+        queries, query_ids = dict(queries), dict(query_ids)
+        previous: dict[int, Query] = {}
+        ids = sorted(changed["query"])
+        for qid in ids:
+            name = query_ids.pop(qid, None)
+            if name is not None:
+                old_query = queries.pop(name, None)
+                if old_query is not None:
+                    previous[qid] = old_query
+        if ids:
+            cur.execute(_VERSIONS + " WHERE q.id = ANY(%s) ORDER BY q.id, v.version", (ids,))
+            version_rows = cur.fetchall()
+            rows += len(version_rows)
+            for query in _queries(version_rows, connection_ids, previous).values():
+                queries[query.name] = query
+                query_ids[query.id] = query.name
+        if changed["connection"]:
+            # A version holds its connection: those on a changed one are rebound (not read
+            # again; nothing else of theirs changed). A connection change is rare; this walks
+            # the queries once.
+            moved = changed["connection"]
+            for name, query in list(queries.items()):
+                if any(v.connection.id in moved and v.connection is not connection_ids.get(v.connection.id)
+                       for v in query.versions.values()):
+                    queries[name] = query.rebound(connection_ids)
+
+    keys, key_ids, plans = current.keys, current.key_ids, current.plans
+    if changed["key"]:
+        ids = sorted(changed["key"])
+        cur.execute("SELECT * FROM gw_api_keys WHERE id = ANY(%s)", (ids,))
+        fresh_keys = [ApiKey(r) for r in cur.fetchall()]
+        rows += len(fresh_keys)
+        keys, key_ids, plans = dict(keys), dict(key_ids), dict(plans)
+        for kid in ids:
+            prefix = key_ids.pop(kid, None)
+            if prefix is not None and (old_key := keys.get(prefix)) is not None and old_key.id == kid:
+                del keys[prefix]
+            plans.pop(kid, None)
+        for api_key in fresh_keys:
+            keys[api_key.prefix] = api_key
+            key_ids[api_key.id] = api_key.prefix
+    return Catalog(generation, keys, queries, connections, key_ids, query_ids, connection_ids, plans), rows

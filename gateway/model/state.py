@@ -3,7 +3,7 @@
 The bus (``fleet.bus``) renews a freshness lease each time it hears from Redis. While the
 lease holds, a request reads ``holder.catalog`` with no I/O at all. When the lease has run
 out (the bus is down or slow), a request first asks the store for the catalog's generation
-(one small read) and reloads if it moved, so a worker cut off from the bus never serves a
+(one small read) and applies what changed if it moved, so a worker cut off from the bus never serves a
 definition older than the last management call that returned.
 """
 from __future__ import annotations
@@ -24,13 +24,17 @@ log = logging.getLogger("gateway.state")
 
 
 class CatalogHolder:
-    __slots__ = ("catalog", "fresh_until", "reloads", "_connect", "_conn", "_lock", "_on_reload")
+    __slots__ = ("catalog", "fresh_until", "reloads", "full_loads", "rows_read", "last", "_connect", "_conn", "_lock",
+                 "_on_reload")
 
     def __init__(self, connect: Callable[[], psycopg2.extensions.connection],
                  on_reload: Callable[[catalog_mod.Catalog, catalog_mod.Catalog], object] | None = None) -> None:
         self.catalog = catalog_mod.Catalog.empty()
         self.fresh_until = 0.0
-        self.reloads = 0
+        self.reloads = 0          # new snapshots swapped in
+        self.full_loads = 0       # of them, read whole (the others applied the change log)
+        self.rows_read = 0        # rows read from the store by every refresh
+        self.last: catalog_mod.Refresh | None = None
         self._connect = connect
         self._conn: psycopg2.extensions.connection | None = None
         self._lock = threading.Lock()
@@ -50,7 +54,9 @@ class CatalogHolder:
         self.fresh_until = 0.0
 
     def reload(self, at_least: int = 0) -> int:
-        """Bring the catalog up to date and return the generation now served.
+        """Bring the catalog up to date and return the generation now served: the rows
+        changed since this worker's generation, applied to a copy of its snapshot, or the
+        whole catalog when that gap is unknown (``catalog.refresh``).
 
         ``at_least`` (the bus announced that generation): load at once, unless already
         there. Without it (a worker checking on its own): read the store's generation
@@ -84,12 +90,17 @@ class CatalogHolder:
                 row = cur.fetchone()
                 if row is not None and row[0] == self.catalog.generation:
                     return self.catalog.generation
-        self._swap(catalog_mod.load(conn))
+        new, done = catalog_mod.refresh(conn, self.catalog)
+        self.last = done
+        self.rows_read += done.rows
+        if new is not self.catalog:
+            self._swap(new, done.how == "full")
         return self.catalog.generation
 
-    def _swap(self, new: catalog_mod.Catalog) -> None:
+    def _swap(self, new: catalog_mod.Catalog, full: bool) -> None:
         old, self.catalog = self.catalog, new
         self.reloads += 1
+        self.full_loads += full
         if self._on_reload is not None:
             self._on_reload(old, new)
 

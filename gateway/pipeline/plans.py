@@ -1,7 +1,8 @@
 """Stage 3, plan: what a key gets from a statement (``gateway.governance.plan``), computed
 on first use and kept in the catalog's memo, a refusal too; so governance costs one dict
-lookup per call. The memo belongs to one catalog snapshot: a reload starts an empty one,
-so grants and plans never disagree."""
+lookup per call. The memo belongs to the catalog snapshots: one per key, which the next
+snapshot keeps unless the change was to that key (a saved version never changes), so grants
+and plans never disagree."""
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
@@ -19,8 +20,10 @@ def plan_for(catalog: Catalog, key: ApiKey, subject: QueryVersion | AdHocStateme
              mask_key: bytes) -> governance.CallPlan:
     """``subject``: a saved query version or an ad-hoc statement (``plan_id``, ``analysis``,
     ``masks``)."""
-    memo_key = (key.id, subject.plan_id)
-    got = catalog.plans.get(memo_key)
+    memo = catalog.plans.get(key.id)
+    if memo is None:
+        memo = catalog.plans.setdefault(key.id, {})
+    got = memo.get(subject.plan_id)
     if got is None:
         try:
             if subject.analysis is None:
@@ -30,7 +33,7 @@ def plan_for(catalog: Catalog, key: ApiKey, subject: QueryVersion | AdHocStateme
                                   server_allows_writes=settings.allow_writes)
         except GatewayError as exc:
             got = (exc.status, exc.code, exc.message, exc.extra, exc.headers)
-        got = catalog.plans.setdefault(memo_key, got)
+        got = memo.setdefault(subject.plan_id, got)
     if type(got) is tuple:  # a fresh exception each time: one raised twice would grow its traceback
         raise GatewayError(got[0], got[1], got[2], extra=got[3], headers=got[4])
     return got

@@ -108,6 +108,23 @@ MIGRATIONS: list[str] = [
     ALTER TABLE gw_run_history ADD COLUMN admitted boolean;
     CREATE INDEX gw_run_history_key_at ON gw_run_history (key_id, at);
     """,
+    # 4: the catalog's change log: which objects each generation changed, written in the
+    # transaction that bumps it (gateway.control.changes), so a worker at generation g
+    # applies only the rows changed after g (gateway.model.state) instead of reading the
+    # whole catalog. ``log_from``: the log holds every change after it; a worker older than
+    # that (or new, or ahead of the store) loads everything. Changes before this migration
+    # were not logged, hence it starts at the current generation.
+    """
+    CREATE TABLE gw_catalog_changes (
+        generation  bigint NOT NULL,
+        kind        text NOT NULL CHECK (kind IN ('connection', 'query', 'key')),
+        id          integer NOT NULL,
+        PRIMARY KEY (generation, kind, id)
+    );
+    ALTER TABLE gw_catalog_state ADD COLUMN log_from bigint;
+    UPDATE gw_catalog_state SET log_from = generation;
+    ALTER TABLE gw_catalog_state ALTER COLUMN log_from SET NOT NULL;
+    """,
 ]
 
 _LOCK_ID = 0x6777_6669  # "gwfi": any constant shared by every process of the fleet

@@ -51,6 +51,22 @@ def bump_generation(cur: Cursor) -> int:
     return _one(cur)["generation"]
 
 
+_PRUNE_EVERY = 64   # generations between prunes of the change log: one small delete, not one per change
+
+
+def log_change(cur: Cursor, generation: int, kind: str, object_id: int, keep: int) -> None:
+    """Record that ``generation`` changed one object, and forget changes more than ``keep``
+    generations old (a worker that far behind loads the whole catalog). Called after
+    ``bump_generation`` in the same transaction: the row lock on the generation orders the
+    commits, so a snapshot that sees generation G sees every logged change up to G."""
+    cur.execute("INSERT INTO gw_catalog_changes (generation, kind, id) VALUES (%s, %s, %s) ON CONFLICT DO NOTHING",
+                (generation, kind, object_id))
+    oldest = generation - keep
+    if oldest > 0 and generation % _PRUNE_EVERY == 0:
+        cur.execute("DELETE FROM gw_catalog_changes WHERE generation <= %s", (oldest,))
+        cur.execute("UPDATE gw_catalog_state SET log_from = greatest(log_from, %s)", (oldest,))
+
+
 def insert_audit(cur: Cursor, actor: Actor, action: str, kind: str, name: str, before: dict | None,
                  after: dict | None, generation: int) -> None:
     cur.execute("INSERT INTO gw_audit (actor, client_ip, request_id, action, kind, name, before, after, "

@@ -1,0 +1,141 @@
+"""The controlplane block's results.md: the catalog's growth, one full load against one applied change, management
+calls per kind (pooled percentiles over every sample, and the worst round's p99), the data plane with and without
+changes (pooled and per round), worker memory, and the larger fleets."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from ... import rundir
+from ...markdown import environment, table_head
+from ...stats import percentile
+
+GOAL_MGMT_MS = 50.0
+GOAL_KEYS_S = 60.0
+GOAL_DP_MS = 1.0
+
+
+def _ms(value) -> str:
+    return '?' if value is None else f'{value:,.1f}' if value >= 10 else f'{value:,.2f}'
+
+
+def _pooled(records: list[dict], q: float):
+    samples = [s for r in records for s in r.get('samples_ms', [])]
+    return percentile(samples, q), len(samples)
+
+
+def render(meta: dict, runs: list[dict]) -> str:
+    settings = meta.get('settings', {})
+    git = meta.get('versions', {}).get('git', {})
+    out = ['# Control plane at fleet scale', '',
+           f'Commit {git.get("commit") or "?"}{" (dirty)" if git.get("dirty") else ""}; started {meta.get("started_at")}'
+           f', finished {meta.get("finished_at")}. {settings.get("workers")} workers of {settings.get("threads")} '
+           f'threads; {meta.get("pinning_note", "")}.', '']
+    for note in meta.get('notes', []):
+        out.append(f'> {note}')
+    bad = [r for r in runs if not r.get('ok', True)]
+    if bad:
+        out += [f'**{len(bad)} record(s) with errors or wrong bodies**: ' +
+                '; '.join(f'{r["step"]} {r.get("kind", "")} {r.get("errors") or r.get("wrong_bodies")}' for r in bad),
+                '']
+
+    keys = next((r for r in runs if r['step'] == 'grow-keys'), None)
+    queries = next((r for r in runs if r['step'] == 'grow-queries'), None)
+    load = next((r for r in runs if r['step'] == 'full-load'), None)
+    out += ['## Growing the catalog', '']
+    if keys:
+        per = keys.get('per_thousand_ms', [])
+        verdict = 'meets' if keys['seconds'] < GOAL_KEYS_S else 'misses'
+        out += [f'- {keys["keys"]:,} keys created through the Management API, one after another on one connection: '
+                f'**{keys["seconds"]:.1f} s** ({keys["keys"] / keys["seconds"]:.0f}/s; {verdict} the goal of under '
+                f'{GOAL_KEYS_S:.0f} s). Per call p50 {_ms(keys["latency_ms"].get("50"))} ms, p99 '
+                f'{_ms(keys["latency_ms"].get("99"))} ms, max {_ms(keys["latency_ms"].get("max"))} ms.',
+                '- p50 per 1,000 keys (does creation slow as the catalog grows?): ' +
+                ', '.join(_ms(p.get('50')) for p in per) + ' ms.']
+    if queries:
+        out.append(f'- {queries["api_queries"]:,} saved queries through the API in {queries["api_seconds"]:.1f} s '
+                   f'(p50 {_ms(queries["api_latency_ms"].get("50"))} ms each: PostgreSQL\'s parser and the analysis '
+                   f'against the schema), then **{queries["bulk_queries"]:,} inserted in bulk into the store** '
+                   '(copies of the benchmark query\'s stored version) with the generation bumped and not logged. '
+                   f'The next management call found that gap, so every worker read the whole catalog before it '
+                   f'returned: **{_ms(queries["gap_call_ms"])} ms** (the fallback\'s cost).')
+    if load:
+        out.append(f'- One full load of the grown catalog ({load.get("keys"):,} keys, {load.get("queries"):,} queries, '
+                   f'{load.get("rows"):,} rows) in one process: p50 {_ms(load["ms"].get("50"))} ms '
+                   f'(3 loads). The same catalog applying one change (`{", ".join(load.get("one_change_how", []))}`, '
+                   f'{load.get("one_change_rows")} rows read): p50 {_ms(load["one_change_ms"].get("50"))} ms, max '
+                   f'{_ms(load["one_change_ms"].get("max"))} ms.')
+    out.append('')
+
+    for step, title in (('mgmt', 'Management calls'), ('scale', 'Management calls with more workers')):
+        records = [r for r in runs if r['step'] == step]
+        if not records:
+            continue
+        out += [f'## {title}', '',
+                'Client-side time of the whole call (it returns once every live worker applied the change). Pooled '
+                'percentiles over every sample; "worst round p99": the highest p99 of any round.', '',
+                *table_head(['workers', 'call', 'n', 'p50 ms', 'p90 ms', 'p99 ms', 'max ms', 'worst round p99 ms',
+                             f'p99 < {GOAL_MGMT_MS:.0f} ms']), ]
+        for workers in sorted({r['workers'] for r in records}):
+            for kind in ('create-key', 'patch-key', 'publish', 'delete-key'):
+                cell = [r for r in records if r['workers'] == workers and r['kind'] == kind]
+                if not cell:
+                    continue
+                p99, n = _pooled(cell, 99)
+                worst = max((r['latency_ms'].get('99') or 0) for r in cell)
+                out.append(f'| {workers} | {kind} | {n} | {_ms(_pooled(cell, 50)[0])} | {_ms(_pooled(cell, 90)[0])} | '
+                           f'{_ms(p99)} | {_ms(_pooled(cell, 100)[0])} | {_ms(worst)} | '
+                           f'{"yes" if p99 is not None and p99 < GOAL_MGMT_MS else "no"} |')
+        out.append('')
+
+    dp = [r for r in runs if r['step'] == 'dataplane']
+    if dp:
+        out += ['## Data plane, one caller, with and without changes', '',
+                f'One keep-alive connection calling `/q/account?aid=R` back to back; "changing": a management change '
+                f'every {settings.get("change_every")} s (patch, publish, create, delete in turn). Every answer\'s '
+                'status and row were checked.', '',
+                *table_head(['round', 'condition', 'calls', 'changes', 'p50 ms', 'p99 ms', 'p99.9 ms', 'max ms',
+                             'wrong', 'gateway cores'])]
+        for r in dp:
+            lat = r['latency_ms']
+            out.append(f'| {r["round"]} | {"changing" if r["changing"] else "quiet"} | {r["calls"]:,} | {r["changes"]} | '
+                       f'{_ms(lat.get("50"))} | {_ms(lat.get("99"))} | {_ms(lat.get("99.9"))} | {_ms(lat.get("max"))} |'
+                       f' {r["wrong_bodies"]} | {r.get("gateway_cores")} |')
+        quiet = [r for r in dp if not r['changing']]
+        changing = [r for r in dp if r['changing']]
+        q99, c99 = _pooled(quiet, 99)[0], _pooled(changing, 99)[0]
+        if q99 is not None and c99 is not None:
+            moved = c99 - q99
+            by_round = {r['round']: r['latency_ms']['99'] for r in quiet}
+            paired = [c['latency_ms']['99'] - by_round[c['round']] for c in changing if c['round'] in by_round]
+            out += ['', f'Pooled p99: quiet {_ms(q99)} ms, changing {_ms(c99)} ms: moved **{moved:+.2f} ms** '
+                        f'({"meets" if moved < GOAL_DP_MS else "misses"} the goal of under {GOAL_DP_MS:g} ms); '
+                        f'per round (changing - quiet): {", ".join(f"{p:+.2f}" for p in paired)} ms, worst '
+                        f'{max(paired):+.2f} ms. Pooled p50: quiet {_ms(_pooled(quiet, 50)[0])} ms, changing '
+                        f'{_ms(_pooled(changing, 50)[0])} ms; max: quiet {_ms(_pooled(quiet, 100)[0])} ms, changing '
+                        f'{_ms(_pooled(changing, 100)[0])} ms.']
+        out.append('')
+
+    rss = [r for r in runs if r['step'] == 'rss']
+    if rss:
+        out += ['## Worker memory (VmRSS)', '', *table_head(['workers', 'catalog', 'per worker MB (min-max)'])]
+        for r in rss:
+            for stage, values in r['rss_kb'].items():
+                if values:
+                    out.append(f'| {r["workers"]} | {stage} | {min(values) / 1024:.0f}-{max(values) / 1024:.0f} |')
+        first = rss[0]['rss_kb']
+        if first.get('small') and first.get('keys') and keys:
+            delta = (sum(first['keys']) / len(first['keys']) - sum(first['small']) / len(first['small'])) / 1024
+            out += ['', f'{keys["keys"]:,} keys added {delta:.0f} MB per worker '
+                        f'({delta * 1024 * 1024 / keys["keys"]:,.0f} bytes a key).']
+        if first.get('keys') and first.get('keys+queries') and queries:
+            delta = (sum(first['keys+queries']) / len(first['keys+queries'])
+                     - sum(first['keys']) / len(first['keys'])) / 1024
+            total = queries['api_queries'] + queries['bulk_queries']
+            out.append(f'{total:,} queries added {delta:.0f} MB per worker ({delta * 1024 * 1024 / total:,.0f} bytes '
+                       'a query).')
+        out.append('')
+    return '\n'.join(out + environment(meta))
+
+
+def write(run_dir: Path) -> Path:
+    return rundir.write_report(run_dir, render)

@@ -1,0 +1,428 @@
+"""The control plane at fleet scale: one gunicorn master of --workers workers, its catalog grown to --keys keys
+and --queries queries, then management calls and the data plane measured.
+
+    .venv/bin/python -m loadtests.bench controlplane --local-pg /tmp/bench-pg --keys 10000 --queries 5000
+
+Steps, in order (every record goes to results.jsonl as it is made):
+
+1. `grow-keys`: --keys keys created through the Management API, one after another on one keep-alive connection
+   (each a change every worker applies before the call returns); the elapsed time every 1,000 keys.
+2. `grow-queries`: --api-queries saved queries through the API (each read by PostgreSQL's parser and analysed
+   against the connection's schema, as a real save is), then the rest up to --queries inserted in bulk straight
+   into the store (copies of the benchmark query's stored version, so every one is a real, servable query) with
+   the generation bumped and NOT logged: the next change finds a generation the change log does not cover, and
+   every worker reads the whole catalog (the fallback, timed as `gap`).
+3. `full-load`: one whole-catalog read (gateway.model.catalog.load) in this process, what a new worker pays.
+4. `rss`: every worker's VmRSS before growing, after the keys, after the queries.
+5. `mgmt`: --samples calls of each kind (create key, patch key, publish, delete key), kinds rotated each round.
+6. `dataplane`: one caller, one keep-alive connection, /q/account?aid=R for --dp-seconds; with no change, and
+   with a change (patch, publish, create, delete in turn) every --change-every seconds; conditions alternate,
+   --dp-rounds rounds. Every answer's status and body are checked.
+7. `scale`: for each of --scale-workers, the master restarted with that many workers on the same store, and
+   --scale-samples calls of each kind.
+
+Pinning: the gateway's master and workers on --target-cpu; PostgreSQL, Redis and this process on --pg-cpu.
+"""
+from __future__ import annotations
+
+import argparse
+import http.client
+import itertools
+import json
+import os
+import random
+import shlex
+import sys
+import threading
+import time
+from pathlib import Path
+
+import psycopg2
+
+from ... import rundir, system, targets
+from ...harness import ensure_data, local_postgres, log, now_iso, pin_postgres, require_clean_tree, rotated
+from ...stats import summary
+from ..sync.run import wait_workers
+from .render import write as write_report
+
+KINDS = ('create-key', 'patch-key', 'publish', 'delete-key')
+_NAMES = itertools.count(1)   # key names unique across every Changes of a run
+STORE_DB = 'gwstore_controlplane'
+
+
+class Client:
+    """One keep-alive HTTP connection; every answer's status and time."""
+
+    def __init__(self, base_url: str, headers: dict):
+        host, port = base_url.split('//', 1)[1].split(':')
+        self.conn = http.client.HTTPConnection(host, int(port), timeout=60)
+        self.headers = headers
+
+    def call(self, method: str, path: str, body=None) -> tuple[int, bytes, float]:
+        payload = json.dumps(body).encode() if body is not None else None
+        headers = dict(self.headers, **({'Content-Type': 'application/json'} if payload else {}))
+        started = time.perf_counter()
+        self.conn.request(method, path, body=payload, headers=headers)
+        response = self.conn.getresponse()
+        data = response.read()
+        return response.status, data, (time.perf_counter() - started) * 1000
+
+    def close(self):
+        self.conn.close()
+
+
+class Changes:
+    """The management calls the block makes: the four kinds, on keys of its own and the benchmark query."""
+
+    def __init__(self, target):
+        self.client = Client(target.base_url, {'X-API-Key': target.admin_key})
+        self.created: list[str] = []
+        self.counter = 0
+        self.version = 1
+
+    def make(self, kind: str) -> tuple[int, float]:
+        self.counter += 1
+        if kind == 'create-key':
+            name = f'cp-{os.getpid()}-{next(_NAMES)}'
+            status, _, ms = self.client.call('POST', '/api/v1/api-keys', targets.key_body(name))
+            if status == 201:
+                self.created.append(name)
+        elif kind == 'patch-key':
+            queries = [targets.QUERY] if self.counter % 2 else [targets.QUERY, 'account_v2_probe']
+            status, _, ms = self.client.call('PATCH', f'/api/v1/api-keys/{self.patched}', {'queries': queries})
+        elif kind == 'publish':
+            self.version = 3 - self.version
+            status, _, ms = self.client.call('POST', f'/api/v1/queries/{targets.QUERY}/publish',
+                                             {'version': self.version})
+        else:
+            if not self.created:
+                self.make('create-key')
+            status, _, ms = self.client.call('DELETE', f'/api/v1/api-keys/{self.created.pop(0)}')
+        return status, ms
+
+    patched = 'cp-patched'
+
+    def close(self):
+        self.client.close()
+
+
+def rss_kb(pids) -> list[int]:
+    out = []
+    for pid in pids:
+        try:
+            for line in Path(f'/proc/{pid}/status').read_text().splitlines():
+                if line.startswith('VmRSS:'):
+                    out.append(int(line.split()[1]))
+        except OSError:
+            pass
+    return out
+
+
+def start(args, work_dir: Path, store_url: str, redis_url: str, workers: int):
+    target = targets.start_gateway(port=args.gateway_port, cpu=args.target_cpu, store_url=store_url,
+                                   redis_url=redis_url, run_dir=work_dir / f'w{workers}', admin_key=args.admin_key,
+                                   extra_env={'GATEWAY_WORKERS': str(workers), 'GATEWAY_THREADS': str(args.threads),
+                                              'GATEWAY_LOG_LEVEL': 'warning'},
+                                   name=f'gateway-{workers}w')
+    target.description = f'gateway-fleet, {workers} workers, {args.threads} threads each'
+    targets.wait_healthy(target, timeout_s=300)
+    pids = wait_workers(redis_url, target.pids[0], workers, timeout_s=600)
+    return target, pids
+
+
+def grow_keys(target, count: int, write) -> None:
+    client = Client(target.base_url, {'X-API-Key': target.admin_key})
+    samples, marks, errors = [], [], {}
+    started = time.monotonic()
+    try:
+        for i in range(count):
+            status, body, ms = client.call('POST', '/api/v1/api-keys', targets.key_body(f'grow-{i:06d}'))
+            if status == 201:
+                samples.append(ms)
+            else:
+                errors[status] = errors.get(status, 0) + 1
+            if (i + 1) % 1000 == 0:
+                marks.append(round(time.monotonic() - started, 3))
+                log(f'{i + 1} keys in {marks[-1]:.1f} s (last 1,000: p50 {summary(samples[-1000:]).get("50")} ms)')
+    finally:
+        client.close()
+    write({'step': 'grow-keys', 'keys': count, 'seconds': round(time.monotonic() - started, 3),
+           'marks_s': marks, 'latency_ms': summary(samples), 'per_thousand_ms': [summary(samples[i:i + 1000])
+                                                                                 for i in range(0, len(samples), 1000)],
+           'errors': errors, 'ok': not errors})
+
+
+def grow_queries(target, store_url: str, api_count: int, total: int, write) -> None:
+    client = Client(target.base_url, {'X-API-Key': target.admin_key})
+    samples, errors = [], {}
+    started = time.monotonic()
+    try:
+        for i in range(api_count):
+            status, _, ms = client.call('POST', '/api/v1/queries', targets.query_body(f'grow_q{i:05d}'))
+            if status == 201:
+                samples.append(ms)
+            else:
+                errors[status] = errors.get(status, 0) + 1
+    finally:
+        client.close()
+    api_seconds = time.monotonic() - started
+    bulk = max(0, total - api_count)
+    conn = psycopg2.connect(store_url)
+    try:
+        with conn, conn.cursor() as cur:
+            cur.execute("""INSERT INTO gw_queries (name, published_version)
+                           SELECT 'bulk_q' || lpad(n::text, 5, '0'), 1 FROM generate_series(1, %s) n""", (bulk,))
+            cur.execute("""INSERT INTO gw_query_versions (query_id, version, connection_id, sql, parameters,
+                                                          description, tags, extra, published_at)
+                           SELECT q.id, 1, v.connection_id, v.sql, v.parameters, v.description, v.tags, v.extra,
+                                  now()
+                             FROM gw_queries q, gw_query_versions v JOIN gw_queries a ON a.id = v.query_id
+                            WHERE q.name LIKE 'bulk_q%%' AND a.name = %s AND v.version = 1""", (targets.QUERY,))
+            # A generation no change-log row covers: every worker's next refresh reads everything.
+            cur.execute('UPDATE gw_catalog_state SET generation = generation + 1')
+    finally:
+        conn.close()
+    # The next change makes every worker load the whole (grown) catalog before the call returns.
+    client = Client(target.base_url, {'X-API-Key': target.admin_key})
+    try:
+        status, _, gap_ms = client.call('POST', '/api/v1/api-keys', targets.key_body('grow-gap'))
+    finally:
+        client.close()
+    write({'step': 'grow-queries', 'api_queries': api_count, 'api_seconds': round(api_seconds, 3),
+           'api_latency_ms': summary(samples), 'bulk_queries': bulk, 'gap_call_ms': round(gap_ms, 3),
+           'gap_status': status, 'errors': errors, 'ok': not errors and status == 201})
+
+
+def full_load(store_url: str, write) -> None:
+    from gateway.model import catalog
+    conn = psycopg2.connect(store_url)
+    conn.autocommit = True
+    times, sizes = [], {}
+    try:
+        for _ in range(3):
+            started = time.perf_counter()
+            loaded, done = catalog.refresh(conn, catalog.Catalog.empty())
+            times.append((time.perf_counter() - started) * 1000)
+            sizes = {'keys': len(loaded.keys), 'queries': len(loaded.queries), 'rows': done.rows}
+        generation = loaded.generation
+        # The incremental refresh of one change, for comparison: the catalog one generation back applying it.
+        with conn.cursor() as cur:
+            cur.execute('SELECT max(generation) FROM gw_catalog_changes')
+            last = cur.fetchone()[0]
+        applied = []
+        if last == generation:
+            for _ in range(5):
+                behind = catalog.refresh(conn, catalog.Catalog.empty())[0]
+                behind.generation = generation - 1
+                started = time.perf_counter()
+                _, done = catalog.refresh(conn, behind)
+                applied.append(((time.perf_counter() - started) * 1000, done.how, done.rows))
+    finally:
+        conn.close()
+    write({'step': 'full-load', 'ms': summary(times), **sizes,
+           'one_change_ms': summary([a[0] for a in applied]), 'one_change_how': sorted({a[1] for a in applied}),
+           'one_change_rows': max((a[2] for a in applied), default=None), 'ok': True})
+
+
+def management_calls(changes: Changes, kinds, samples: int, rounds: int, workers: int, write, step: str) -> None:
+    per_round = max(1, samples // rounds)
+    for r in range(rounds):
+        for kind in rotated(list(kinds), r):
+            got, errors = [], {}
+            for _ in range(per_round):
+                status, ms = changes.make(kind)
+                if 200 <= status < 300:
+                    got.append(ms)
+                else:
+                    errors[status] = errors.get(status, 0) + 1
+            record = {'step': step, 'workers': workers, 'round': r + 1, 'kind': kind, 'latency_ms': summary(got),
+                      'samples_ms': [round(s, 3) for s in got], 'errors': errors, 'ok': not errors}
+            write(record)
+            log(f'{workers} workers, round {r + 1}, {kind}: p50 {record["latency_ms"].get("50")} ms, p99 '
+                f'{record["latency_ms"].get("99")} ms' + (f'  ⚠ {errors}' if errors else ''))
+
+
+def data_plane(target, max_id: int, seconds: float, changing: bool, change_every: float, pids, write,
+               round_index: int) -> None:
+    """One caller on one keep-alive connection for `seconds`; with `changing`, a change every `change_every` s."""
+    caller = Client(target.base_url, {'X-API-Key': target.api_key})
+    stop = threading.Event()
+    made: list = []
+
+    def changer():
+        changes = Changes(target)
+        kinds = ('patch-key', 'publish', 'create-key', 'delete-key')
+        i = 0
+        try:
+            while not stop.wait(change_every):
+                made.append(changes.make(kinds[i % len(kinds)]))
+                i += 1
+        finally:
+            changes.close()
+    thread = threading.Thread(target=changer, daemon=True) if changing else None
+    latencies, wrong, statuses = [], 0, {}
+    cpu = system.CpuMeter(*pids)
+    cpu.start()
+    started = time.monotonic()
+    if thread is not None:
+        thread.start()
+    try:
+        while time.monotonic() - started < seconds:
+            aid = random.randint(1, max_id)
+            status, body, ms = caller.call('GET', f'{target.query_path}?{target.param}={aid}')
+            statuses[status] = statuses.get(status, 0) + 1
+            latencies.append(ms)
+            if status != 200 or json.loads(body)[0].get('aid') != aid:
+                wrong += 1
+    finally:
+        stop.set()
+        if thread is not None:
+            thread.join(30)
+        caller.close()
+    elapsed = time.monotonic() - started
+    worker_cpu = cpu.stop()
+    change_errors = [s for s, _ in made if not 200 <= s < 300]
+    record = {'step': 'dataplane', 'round': round_index, 'changing': changing, 'seconds': round(elapsed, 3),
+              'calls': len(latencies), 'latency_ms': {**summary(latencies), '99.9': _pct(latencies, 99.9)},
+              'samples_ms': [round(x, 3) for x in latencies], 'statuses': statuses, 'wrong_bodies': wrong,
+              'changes': len(made), 'change_ms': summary([ms for _, ms in made]), 'change_errors': len(change_errors),
+              'gateway_cores': round(worker_cpu / elapsed, 3) if worker_cpu is not None else None,
+              'ok': not wrong and not change_errors}
+    write(record)
+    lat = record['latency_ms']
+    log(f'data plane round {round_index} {"with changes" if changing else "quiet"}: {len(latencies)} calls, p50 '
+        f'{lat.get("50")} ms, p99 {lat.get("99")} ms, p99.9 {lat.get("99.9")}, max {lat.get("max")} ms; '
+        f'{len(made)} changes' + ('' if record['ok'] else f'  ⚠ {wrong} wrong bodies, {len(change_errors)} errors'))
+
+
+def _pct(values, q):
+    from ...stats import percentile
+    value = percentile(values, q)
+    return None if value is None else round(value, 3)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog='python -m loadtests.bench controlplane', description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument('--database-url', default=None, help='a PostgreSQL with the demo data (or --local-pg)')
+    parser.add_argument('--local-pg', type=Path, metavar='HOME', help="fleet.local's PostgreSQL under HOME")
+    parser.add_argument('--local-pg-port', type=int, default=54510)
+    parser.add_argument('--create-data', action='store_true')
+    parser.add_argument('--keys', type=int, default=10_000)
+    parser.add_argument('--queries', type=int, default=5_000)
+    parser.add_argument('--api-queries', type=int, default=300, help='of --queries, how many through the API')
+    parser.add_argument('--workers', type=int, default=4)
+    parser.add_argument('--threads', type=int, default=4, help='GATEWAY_THREADS per worker')
+    parser.add_argument('--samples', type=int, default=200, help='management calls of each kind at --workers')
+    parser.add_argument('--rounds', type=int, default=4, help='rounds the samples are split into')
+    parser.add_argument('--dp-seconds', type=float, default=20)
+    parser.add_argument('--dp-rounds', type=int, default=3)
+    parser.add_argument('--change-every', type=float, default=1.5)
+    parser.add_argument('--scale-workers', default='16,64', help="worker counts measured after (''/none: skip)")
+    parser.add_argument('--scale-samples', type=int, default=40)
+    parser.add_argument('--target-cpu', default='1')
+    parser.add_argument('--pg-cpu', default='0')
+    parser.add_argument('--gateway-port', type=int, default=18012)
+    parser.add_argument('--redis-port', type=int, default=18389)
+    parser.add_argument('--max-id', type=int, default=1_000_000)
+    parser.add_argument('--keep-stores', action='store_true')
+    parser.add_argument('--allow-dirty', action='store_true')
+    parser.add_argument('--out', type=Path, default=rundir.RESULTS)
+    args = parser.parse_args(argv)
+    if not args.database_url and not args.local_pg:
+        raise SystemExit('--database-url or --local-pg is required')
+    require_clean_tree(args.allow_dirty)
+    args.admin_key = 'adm_controlplane_' + os.urandom(8).hex()
+    run_dir, work_dir = rundir.new(args.out, 'controlplane')
+    log(f'block controlplane -> {run_dir} (target logs in {work_dir})')
+    if args.pg_cpu not in ('', 'off'):
+        from gateway.settings import parse_cpu_list
+        os.sched_setaffinity(0, set(parse_cpu_list(args.pg_cpu)))
+    with local_postgres(args):
+        return _main(args, run_dir, work_dir)
+
+
+def _main(args, run_dir: Path, work_dir: Path) -> int:
+    data = ensure_data(args)
+    args.max_id = min(args.max_id, data['max_aid'])
+    data['database_url'] = system.redact(args.database_url)
+    _, pg_note = pin_postgres(args)
+    meta = {'block': 'controlplane', 'started_at': now_iso(), 'finished_at': None,
+            'command': ' '.join(shlex.quote(a) for a in [sys.executable, '-m', 'loadtests.bench', 'controlplane',
+                                                          *(sys.argv[2:] if sys.argv[1:2] == ['controlplane']
+                                                            else sys.argv[1:])]),
+            'settings': {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()
+                         if k not in ('admin_key', 'database_url')},
+            'pinning_note': f'gateway master and workers on CPU {args.target_cpu}; Redis and this process on CPU '
+                            f'{args.pg_cpu}; {pg_note}',
+            'machine': system.machine_info(), 'versions': {'git': system.git_state(),
+                                                           'gateway_fleet': system.our_version(),
+                                                           'postgresql': data.get('server_version')},
+            'data': data, 'targets': [], 'work_dir': str(work_dir), 'notes': []}
+    rundir.write_meta(run_dir, meta)
+    results = (run_dir / 'results.jsonl').open('a')
+
+    def write(record: dict) -> None:
+        record.setdefault('block', 'controlplane')
+        record['at'] = now_iso()
+        results.write(json.dumps(record) + '\n')
+        results.flush()
+
+    store_url = system.dsn_with_db(args.database_url, STORE_DB)
+    system.recreate_database(args.database_url, STORE_DB, drop=not args.keep_stores)
+    redis_process, redis_url = targets.start_redis(port=args.redis_port, cpu=args.pg_cpu, run_dir=work_dir)
+    target = None
+    failed = None
+    try:
+        target, pids = start(args, work_dir, store_url, redis_url, args.workers)
+        meta['targets'].append(target.summary())
+        target.info['provisioned'] = targets.provision(target, args.database_url)
+        for path, body in ((f'/queries/{targets.QUERY}/versions',
+                            {**targets.query_body(), 'description': 'version 2', 'publish': False}),
+                           ('/api-keys', targets.key_body(Changes.patched))):
+            status, reply = targets.management(target, 'POST', path, body)
+            if status != 201:
+                raise targets.TargetError(f'POST {path} answered {status}: {str(reply)[:300]}')
+        rss = {'small': rss_kb(pids)}
+        grow_keys(target, args.keys, write)
+        rss['keys'] = rss_kb(pids)
+        grow_queries(target, store_url, min(args.api_queries, args.queries), args.queries, write)
+        rss['keys+queries'] = rss_kb(pids)
+        write({'step': 'rss', 'workers': len(pids), 'rss_kb': rss, 'ok': True})
+        full_load(store_url, write)
+        changes = Changes(target)
+        try:
+            for _ in range(10):   # warm-up of every kind
+                for kind in KINDS:
+                    changes.make(kind)
+            management_calls(changes, KINDS, args.samples, args.rounds, args.workers, write, 'mgmt')
+        finally:
+            changes.close()
+        for r in range(args.dp_rounds):
+            for changing in ((False, True) if r % 2 == 0 else (True, False)):
+                data_plane(target, args.max_id, args.dp_seconds, changing, args.change_every, pids, write, r + 1)
+        scale = [int(w) for w in args.scale_workers.split(',') if w.strip().isdigit()]
+        for workers in scale:
+            targets.stop_process(target.process)
+            target, pids = start(args, work_dir, store_url, redis_url, workers)
+            meta['targets'].append(target.summary())
+            changes = Changes(target)
+            try:
+                for kind in KINDS:
+                    changes.make(kind)
+                management_calls(changes, KINDS, args.scale_samples, 2, workers, write, 'scale')
+            finally:
+                changes.close()
+            write({'step': 'rss', 'workers': workers, 'rss_kb': {'keys+queries': rss_kb(pids)}, 'ok': True})
+    except (targets.TargetError, KeyboardInterrupt) as error:
+        failed = str(error)
+        meta['notes'].append(f'Stopped early: {failed.splitlines()[0]}')
+    finally:
+        if target is not None:
+            targets.stop_process(target.process)
+        targets.stop_process(redis_process)
+        results.close()
+        meta['finished_at'] = now_iso()
+        rundir.write_meta(run_dir, meta)
+        log(f'report: {write_report(run_dir)}')
+    return 1 if failed else 0
