@@ -10,11 +10,13 @@ in-process ones. This is the one place that knows both sides.
 from __future__ import annotations
 
 from gateway.app import GatewayApp, Ports, build_app, store_connector, worker_name
+from gateway.cache.entry import mac_key
 from gateway.ports import AdmitAll, LocalSync, Sync
 from gateway.settings import Settings
 from gateway.store.history import AdmittedUsage
 
 from .bus import RedisBus
+from .cache import RedisCacheSync, RedisSharedTier
 from .events import RedisEvents
 from .leases import LeasedAdmission
 
@@ -31,7 +33,12 @@ def ports_for(settings: Settings, sync: Sync | None = None) -> Ports:
                         history=AdmittedUsage(store_connector(settings)))
     events = RedisEvents(settings.redis_url, settings.events_maxlen, settings.events_max_streams,
                          worker_name()) if settings.events else None
-    return Ports(sync=sync, admission=admission, events=events)
+    # The response cache's purge bus, and its shared tier when GATEWAY_CACHE_SHARED=on.
+    cache_sync = RedisCacheSync(settings.redis_url, settings.freshness_lease_ms, settings.bus_ping_ms,
+                                settings.sync_timeout_ms)
+    cache_shared = RedisSharedTier(settings.redis_url, mac_key(settings.secret_key)) \
+        if settings.cache_shared == "on" else None
+    return Ports(sync=sync, admission=admission, events=events, cache_sync=cache_sync, cache_shared=cache_shared)
 
 
 def create_app(settings: Settings | None = None, sync: Sync | None = None) -> GatewayApp:

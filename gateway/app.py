@@ -18,6 +18,8 @@ import psycopg2
 import psycopg2.extensions
 import psycopg2.pool
 
+from .cache import CacheSync, ResponseCache, SharedTier
+from .cache.metrics import CacheMetrics
 from .control import Management
 from .crypto import PasswordBox
 from .execution.runner import Pools
@@ -25,6 +27,7 @@ from .governance.schema_cache import SchemaCache
 from .http import errors as http_errors
 from .http import management
 from .http.adhoc import AdHoc
+from .http.cache import CacheEntriesResource, CacheQueryEntriesResource
 from .http.common import AdminCheck
 from .http.events import Events as EventsResource
 from .http.health import Health, Ready
@@ -49,13 +52,15 @@ class Ports:
     sync: Sync = field(default_factory=LocalSync)
     admission: Admission = field(default_factory=AdmitAll)
     events: Events | None = None
+    cache_sync: CacheSync | None = None      # None: purges reach this process only
+    cache_shared: SharedTier | None = None   # None: no shared tier
 
 
 class Parts:
     """Everything one worker runs, closed in this order by ``close``."""
 
     __slots__ = ("settings", "holder", "pools", "history", "sync", "store_pool", "manage", "admission",
-                 "events", "ready", "log_listener")
+                 "events", "ready", "log_listener", "cache")
 
     def __init__(self, settings: Settings, holder: CatalogHolder, pools: Pools, history: HistoryWriter, ports: Ports,
                  store_pool: psycopg2.pool.AbstractConnectionPool, manage: Management, ready: Ready,
@@ -71,8 +76,11 @@ class Parts:
         self.manage = manage
         self.ready = ready
         self.log_listener = log_listener
+        self.cache: ResponseCache | None = None
 
     def close(self) -> None:
+        if self.cache is not None:
+            self.cache.close()
         self.admission.close()
         self.sync.close()
         self.history.close()
@@ -138,24 +146,32 @@ def build_app(settings: Settings, ports: Ports | None = None) -> GatewayApp:
                        "pool_sessions": pools.open_sessions, "fallbacks": lambda: admission.fallbacks,
                        "bus_connected": lambda: sync.connected})
     history.add_observer(metrics)
+    cache = ResponseCache(settings, ports.cache_sync, ports.cache_shared, worker_name())
+    history.add_observer(CacheMetrics(cache, metrics.registry))
     if settings.access_log:
         history.add_observer(AccessLog(settings.access_log_sample))
     if events is not None:
         history.add_observer(events)
-    manage = Management(settings, sync, box, store_pool, schemas,
-                        on_change=events.change if events is not None else None)
+    def on_change(doc: dict) -> None:
+        cache.on_change(doc)        # before the management call returns
+        if events is not None:
+            events.change(doc)
+
+    manage = Management(settings, sync, box, store_pool, schemas, on_change=on_change)
 
     app = GatewayApp(media_type=falcon.MEDIA_JSON, middleware=[RequestId()])
     app.req_options.strip_url_path_trailing_slash = True
     http_errors.install(app)
 
     admin = AdminCheck(settings.admin_key)
-    pipeline = Pipeline(holder, pools, history, settings, admission)
+    pipeline = Pipeline(holder, pools, history, settings, admission, cache)
     app.add_route("/q/{name}", QueryResource(pipeline, settings))
     app.add_route("/execute_sql", AdHoc(pipeline, settings, schemas))
     app.add_route("/api/v1/usage/quotas", management.QuotaUsageResource(admission, holder, admin))
     for path, resource in management.ROUTES:
         app.add_route(path, resource(manage, admin, settings))
+    app.add_route("/api/v1/cache/entries", CacheEntriesResource(cache, admin))
+    app.add_route("/api/v1/cache/entries/{query}", CacheQueryEntriesResource(cache, admin))
     app.add_route("/health", Health())
     app.add_route("/metrics", MetricsResource(metrics, settings.metrics_token))
     app.add_route("/events", EventsResource(events, admin))
@@ -163,8 +179,10 @@ def build_app(settings: Settings, ports: Ports | None = None) -> GatewayApp:
     app.add_route("/ready", ready)
 
     sync.start(holder)
+    cache.start()
     history.start()
     app.parts = Parts(settings, holder, pools, history, ports, store_pool, manage, ready, log_listener)
+    app.parts.cache = cache
     return app
 
 

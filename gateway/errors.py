@@ -69,6 +69,7 @@ CODES: dict[str, tuple[int, str]] = {
     "invalid_timeout": (400, "`timeout` is not a positive number of seconds."),
     "invalid_stream": (400, "`stream` is not a boolean, or asks to stream `json` (stream `csv` or `ndjson`)."),
     "invalid_version": (400, "`version` is not a positive integer."),
+    "invalid_cache": (400, "`cache` is not true or false."),
     "invalid_filter": (400, "A filter of a management listing (`/api/v1/history`, `/api/v1/audit`) is unknown or "
                             "malformed."),
     "invalid_event_id": (400, "`Last-Event-ID` is not a stream id."),

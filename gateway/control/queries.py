@@ -24,8 +24,13 @@ if TYPE_CHECKING:
     from ..settings import Settings
 
 FIELDS = {"name", "connection_name", "sql", "parameters", "publish", "description", "tags",
-          "max_affected_rows", "mask"}
+          "max_affected_rows", "mask", "cache_ttl"}
 _ATTEMPTS = 3
+
+
+def values_kind(values: dict) -> str:
+    """The kind of a version about to be stored (its analysis, in ``extra``)."""
+    return values["extra"].adapted["analysis"]["kind"]
 
 
 class _Moved(Exception):
@@ -74,11 +79,28 @@ class Queries:
                 raise bad_request("invalid_body", "max_affected_rows must be a non-negative integer",
                                   errors={"max_affected_rows": "must be a non-negative integer"})
             extra["max_affected_rows"] = max_rows
+        cache_ttl = self._cache_ttl(body, text.kind)
         values = {"connection_id": row["id"], "sql": body["sql"],
                   "parameters": psycopg2.extras.Json({s.name: s.to_doc() for s in specs}),
                   "description": description, "tags": psycopg2.extras.Json(str_list(body, "tags")),
                   "extra": psycopg2.extras.Json(extra)}
+        if cache_ttl is not None:
+            values["cache_ttl"] = cache_ttl
         return values, row
+
+    def _cache_ttl(self, body: dict, kind: str) -> int | None:
+        """``cache_ttl`` (seconds; QueryAPIGate's field): reads only, never a write."""
+        ttl = body.get("cache_ttl")
+        if ttl is None:
+            return None
+        limit = self._settings.cache_max_ttl
+        if isinstance(ttl, bool) or not isinstance(ttl, int) or not 0 <= ttl <= limit:
+            raise bad_request("invalid_body", f"cache_ttl must be an integer from 0 to {limit} seconds",
+                              errors={"cache_ttl": f"must be an integer from 0 to {limit}"})
+        if ttl and kind != "read":
+            raise bad_request("invalid_body", "cache_ttl applies to reads only: this statement writes",
+                              errors={"cache_ttl": "is for reads only"})
+        return ttl
 
     def _analyze(self, connection: Connection, statement: sql.Statement) -> Analysis:
         """Save-time analysis against the connection's schema, read afresh."""
@@ -113,6 +135,8 @@ class Queries:
 
         def write(cur, values):
             query_id = store.insert_query(cur, name)
+            if values.get("cache_ttl") is not None:   # the default of the query's later versions
+                store.set_query_cache_ttl(cur, query_id, values["cache_ttl"])
             self._insert_version(cur, query_id, 1, values, publish)
         try:
             self._saved("create", name, body, write)
@@ -129,6 +153,8 @@ class Queries:
 
         def write(cur, values):
             query = self._row(cur, name, lock=True)
+            if "cache_ttl" not in values and query.get("cache_ttl") and values_kind(values) == "read":
+                values = dict(values, cache_ttl=query["cache_ttl"])   # the query's default
             self._insert_version(cur, query["id"], store.last_version(cur, query["id"]) + 1, values,
                                  body.get("publish") is True)
         self._saved("add_version", name, body, write)
@@ -181,13 +207,15 @@ class Queries:
                "connection_name": shown.get("connection_name"), "tags": shown.get("tags", []),
                "published_version": published, "latest_version": latest.get("version"),
                "has_draft": (latest.get("version") or 0) > (published or 0), "version_count": len(versions),
-               "endpoint": f"/q/{query['name']}", "created_at": iso(query["created_at"]),
+               "endpoint": f"/q/{query['name']}", "cache_ttl": shown.get("cache_ttl") or 0,
+               "created_at": iso(query["created_at"]),
                "updated_at": iso(query["updated_at"])}
         if detail:
             doc["versions"] = [{"version": v["version"], "connection_name": v["connection_name"], "sql": v["sql"],
                                 "parameters": v["parameters"], "description": v["description"],
                                 "tags": v["tags"], "kind": v["extra"]["analysis"]["kind"],
                                 "max_affected_rows": v["extra"].get("max_affected_rows"),
+                                "cache_ttl": v.get("cache_ttl") or 0,
                                 "status": "published" if v["version"] == published else
                                 ("draft" if v["published_at"] is None else "previously_published"),
                                 "published_at": iso(v["published_at"]), "created_at": iso(v["created_at"])}

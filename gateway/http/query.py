@@ -34,7 +34,8 @@ class QueryResource:
             if isinstance(value, list):
                 code = "invalid_body" if key == "format" else f"invalid_{'paging' if 'page' in key else key}"
                 raise bad_request(code, f"{key} was given more than once")
-        self._run(req, resp, SavedCall(name, params, reserved, True, self._settings, self._defaults))
+        self._run(req, resp, SavedCall(name, params, _no_cache(req, reserved), True, self._settings,
+                                       self._defaults))
 
     def on_post(self, req: falcon.Request, resp: falcon.Response, name: str) -> None:
         body = read_json(req, self._settings.max_body_bytes)
@@ -46,9 +47,18 @@ class QueryResource:
         unknown = set(body) - RESERVED - {"params"}
         if unknown:
             raise bad_request("invalid_body", f"unknown field(s): {', '.join(sorted(unknown))}")
-        self._run(req, resp, SavedCall(name, params, reserved, False, self._settings, self._defaults))
+        self._run(req, resp, SavedCall(name, params, _no_cache(req, reserved), False, self._settings,
+                                       self._defaults))
 
     def _run(self, req: falcon.Request, resp: falcon.Response, call: SavedCall) -> None:
         env = req.env
         self._pipeline.run(resp, call, request_id=request_id(req), ip=client_ip(env, self._hops),
-                           secret=env.get("HTTP_X_API_KEY"))
+                           secret=env.get("HTTP_X_API_KEY"), if_none_match=env.get("HTTP_IF_NONE_MATCH"))
+
+
+def _no_cache(req: falcon.Request, reserved: dict) -> dict:
+    """``Cache-Control: no-cache`` (or ``no-store``) asks what ``cache=false`` asks."""
+    control = req.env.get("HTTP_CACHE_CONTROL")
+    if control and "cache" not in reserved and ("no-cache" in control.lower() or "no-store" in control.lower()):
+        reserved = dict(reserved, cache="false")
+    return reserved

@@ -38,6 +38,7 @@ class AdHocStatement:
 
     __slots__ = ("whole", "paged", "names", "analysis", "kind", "plan_id")
     masks = None     # ad-hoc statements carry no query masks: the key's apply
+    cache_ttl = 0    # never cached
 
     def __init__(self, statement: sql.Statement, analysis: governance.Analysis, digest: str) -> None:
         self.whole = sql.Template(statement)

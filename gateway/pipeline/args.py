@@ -1,5 +1,5 @@
 """The reserved arguments of a call (``format``, ``page``, ``page_size``, ``version``,
-``timeout``, ``stream``), parsed and checked once, the same for every entry point."""
+``timeout``, ``stream``, ``cache``), parsed and checked once, the same for every entry point."""
 from __future__ import annotations
 
 from collections.abc import Mapping
@@ -12,7 +12,7 @@ from ..model.params import FALSE_WORDS, TRUE_WORDS
 if TYPE_CHECKING:
     from ..settings import Settings
 
-RESERVED = frozenset(("format", "page", "page_size", "version", "timeout", "stream"))
+RESERVED = frozenset(("format", "page", "page_size", "version", "timeout", "stream", "cache"))
 
 
 def positive_int(value: object, code: str, field: str) -> int:
@@ -38,7 +38,7 @@ def split_reserved(raw: Mapping[str, Any]) -> tuple[Mapping[str, Any], dict]:
 class CallArgs:
     """The reserved arguments of one call, parsed and checked."""
 
-    __slots__ = ("fmt", "page", "page_size", "version", "timeout_ms", "stream")
+    __slots__ = ("fmt", "page", "page_size", "version", "timeout_ms", "stream", "cache")
 
     def __init__(self, raw: dict, settings: Settings) -> None:
         fmt = raw.get("format") or "json"
@@ -58,6 +58,16 @@ class CallArgs:
         self.version = None if version in (None, "") else positive_int(version, "invalid_version", "version")
         self.timeout_ms = self._timeout(raw.get("timeout"), settings.statement_timeout_ms)
         self.stream = self._stream(raw.get("stream"), fmt)
+        self.cache = self._cache(raw.get("cache"))
+
+    @staticmethod
+    def _cache(raw: object) -> bool:
+        """``cache=false`` (or ``Cache-Control: no-cache``): answer from the database."""
+        if raw is None or raw is True or raw == "" or (isinstance(raw, str) and raw.lower() in TRUE_WORDS):
+            return True
+        if raw is False or (isinstance(raw, str) and raw.lower() in FALSE_WORDS):
+            return False
+        raise bad_request("invalid_cache", "cache must be true or false")
 
     @staticmethod
     def _stream(raw: object, fmt: str) -> bool:

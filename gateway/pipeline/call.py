@@ -6,6 +6,7 @@ enforced in exactly one place.
     3 plan       what runs (the entry point's ``resolve``) and the key's plan
                  for it, memoised with the catalog                            (plans.py)
     4 bind       typed values for the statement's parameters                  (the entry point)
+    4 cache      a read with a ``cache_ttl``: this worker's cache, no I/O on a hit (cached.py)
     5 execute    one round trip on a pooled session                           (the entry point, execution/)
     6 shape      masks, format, paging headers, or a metered stream           (shape.py)
     7 record     one append to the history queue; rows settled on the quota
@@ -23,6 +24,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from ..errors import GatewayError
 from ..execution import runner
 from .args import CallArgs, lower_timeout
+from .cached import send_cached
 from .identify import identify
 from .plans import plan_for
 from .shape import send_page, send_stream
@@ -30,6 +32,7 @@ from .shape import send_page, send_stream
 if TYPE_CHECKING:
     import falcon
 
+    from ..cache import ResponseCache
     from ..execution.pool import SessionPool
     from ..governance import CallPlan
     from ..model.catalog import ApiKey, Catalog, Connection
@@ -61,18 +64,20 @@ class EntryPoint(Protocol):
 
 
 class Pipeline:
-    __slots__ = ("_holder", "_pools", "_history", "_settings", "_admission", "_mask_key")
+    __slots__ = ("_holder", "_pools", "_history", "_settings", "_admission", "_mask_key", "_cache")
 
     def __init__(self, holder: CatalogHolder, pools: runner.Pools, history: HistoryWriter, settings: Settings,
-                 admission: Admission) -> None:
+                 admission: Admission, cache: ResponseCache | None = None) -> None:
         self._holder = holder
         self._pools = pools
         self._history = history
         self._settings = settings
         self._admission = admission
         self._mask_key = settings.mask_key_bytes()
+        self._cache = cache
 
-    def run(self, resp: falcon.Response, call: EntryPoint, *, request_id: str, ip: str, secret: str | None) -> None:
+    def run(self, resp: falcon.Response, call: EntryPoint, *, request_id: str, ip: str, secret: str | None,
+            if_none_match: str | None = None) -> None:
         started = time.perf_counter()
         key = None
         admitted = False   # past admission: the key's quota was charged, whatever happens next
@@ -94,18 +99,27 @@ class Pipeline:
             pool = self._pools.get(call.connection, write)  # type: ignore[arg-type]  # set by resolve() above
             timeout_ms = lower_timeout(args.timeout_ms, plan.query_timeout, settings.statement_timeout_ms)
             rows: int | None
+            status = 200
+            cache = self._cache
             if args.stream:                                                     # 5 execute, 6 shape
                 self._stream(resp, call, subject, bound, args, plan, pool, timeout_ms, key)
                 rows = None   # charged batch by batch as they are sent; the history records none
             else:
                 size = args.page_size if plan.max_rows is None else min(args.page_size, plan.max_rows)
-                result = call.page(pool, subject, bound, size, args.page, timeout_ms)
-                rows = send_page(resp, args, size, plan, result, write)
+                if cache is not None and subject.cache_ttl and not write:   # 4 cache (a saved read only)
+                    entry, state = cache.answer(subject, bound, args.page, size, lambda: call.page(
+                        pool, subject, bound, size, args.page, timeout_ms), not args.cache)
+                    rows, status = send_cached(resp, args, size, plan, entry, state, if_none_match)
+                else:
+                    result = call.page(pool, subject, bound, size, args.page, timeout_ms)
+                    rows = send_page(resp, args, size, plan, result, write)
+                    if write and cache is not None:   # before the write is answered (see gateway.cache)
+                        cache.written(catalog, call.connection, subject.analysis)  # type: ignore[arg-type]
             for header, value in limits:
                 resp.set_header(header, value)
             if rows:
                 admission.settle(key, rows)                                     # 7 record
-            self._history.record(request_id, key.id, call.name, call.version, 200, None, rows,
+            self._history.record(request_id, key.id, call.name, call.version, status, None, rows,
                                  (time.perf_counter() - started) * 1000, True)
         except Exception as exc:
             # A refusal, or a bug (answered 500 internal_error): recorded either way, so a charged

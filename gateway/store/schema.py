@@ -125,6 +125,13 @@ MIGRATIONS: list[str] = [
     UPDATE gw_catalog_state SET log_from = generation;
     ALTER TABLE gw_catalog_state ALTER COLUMN log_from SET NOT NULL;
     """,
+    # 5: response caching (gateway.cache): seconds a read's answer may be served from the
+    # cache. The query's value is the default of its new versions; a version holds its own,
+    # resolved when it is saved (0 or NULL: not cached).
+    """
+    ALTER TABLE gw_queries ADD COLUMN cache_ttl integer;
+    ALTER TABLE gw_query_versions ADD COLUMN cache_ttl integer;
+    """,
 ]
 
 _LOCK_ID = 0x6777_6669  # "gwfi": any constant shared by every process of the fleet

@@ -131,6 +131,10 @@ def insert_query(cur: Cursor, name: str) -> int:
     return _one(cur)["id"]
 
 
+def set_query_cache_ttl(cur: Cursor, query_id: int, seconds: int) -> None:
+    cur.execute("UPDATE gw_queries SET cache_ttl = %s WHERE id = %s", (seconds, query_id))
+
+
 def delete_query(cur: Cursor, name: str) -> bool:
     cur.execute("DELETE FROM gw_queries WHERE name = %s", (name,))
     return cur.rowcount > 0

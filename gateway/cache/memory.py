@@ -1,0 +1,106 @@
+"""The worker's in-memory cache: least recently used out first, bounded in bytes.
+
+A hit is one lock held for a dict lookup and a move to the end: no I/O. Purges (applied by
+the bus thread, or by the request that wrote) bump ``epoch``: a fill that began before a
+purge is not stored after it (``put(entry, epoch)``), so an answer read before a write
+cannot outlive the write's invalidation by being stored late.
+"""
+from __future__ import annotations
+
+import collections
+import threading
+import time
+from collections.abc import Callable, Iterable
+
+from ..ports import Clock
+from .entry import Entry
+
+# A purge, as announced to the fleet: {"op": "all"} | {"op": "query", "name": n}
+# | {"op": "tables", "db": d, "tables": [...]} | {"op": "db", "db": d}.
+Purge = dict
+
+
+def matches(purge: Purge) -> Callable[[Entry], bool]:
+    op = purge.get("op")
+    if op == "all":
+        return lambda e: True
+    if op == "query":
+        name = purge.get("name")
+        return lambda e: e.query == name
+    if op == "db":
+        db = purge.get("db")
+        return lambda e: e.db == db
+    if op == "tables":
+        db, tables = purge.get("db"), frozenset(purge.get("tables") or ())
+        return lambda e: e.db == db and (e.wildcard or not e.tables.isdisjoint(tables))
+    raise ValueError(f"unknown purge {purge!r}")
+
+
+class MemoryCache:
+    __slots__ = ("max_bytes", "max_entry", "bytes", "epoch", "evictions", "_entries", "_lock", "_clock")
+
+    def __init__(self, max_bytes: int, clock: Clock = time.monotonic) -> None:
+        self.max_bytes = max_bytes
+        self.max_entry = max_bytes // 16
+        self.bytes = 0
+        self.epoch = 0
+        self.evictions = 0
+        self._entries: collections.OrderedDict[str, Entry] = collections.OrderedDict()
+        self._lock = threading.Lock()
+        self._clock = clock
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def get(self, digest: str) -> Entry | None:
+        now = self._clock()
+        with self._lock:
+            entry = self._entries.get(digest)
+            if entry is None:
+                return None
+            if entry.expires_mono <= now:
+                self._drop(digest)
+                return None
+            self._entries.move_to_end(digest)
+            entry.hits += 1
+        return entry
+
+    def put(self, entry: Entry, epoch: int) -> bool:
+        """Store ``entry`` unless a purge was applied since ``epoch`` (read before the fill began)."""
+        if entry.size > self.max_entry:
+            return False
+        with self._lock:
+            if epoch != self.epoch:
+                return False
+            if entry.digest in self._entries:
+                self._drop(entry.digest)
+            self._entries[entry.digest] = entry
+            self.bytes += entry.size
+            while self.bytes > self.max_bytes and self._entries:
+                _, old = self._entries.popitem(last=False)
+                self.bytes -= old.size
+                self.evictions += 1
+        return True
+
+    def _drop(self, digest: str) -> None:
+        entry = self._entries.pop(digest, None)
+        if entry is not None:
+            self.bytes -= entry.size
+
+    def apply(self, purge: Purge) -> int:
+        """Drop what ``purge`` names; the number of entries dropped."""
+        match = matches(purge)
+        with self._lock:
+            self.epoch += 1
+            gone = [d for d, e in self._entries.items() if match(e)]
+            for digest in gone:
+                self._drop(digest)
+        return len(gone)
+
+    def clear(self) -> int:
+        return self.apply({"op": "all"})
+
+    def entries(self) -> Iterable[Entry]:
+        now = self._clock()
+        with self._lock:
+            return [e for e in self._entries.values() if e.expires_mono > now]

@@ -1,0 +1,206 @@
+"""``ResponseCache``: the cache as the pipeline and the Management API use it.
+
+A call (``answer``): this worker's memory (a hit: no I/O), else one fill per entry at a time
+in this worker (single flight: concurrent misses wait for the first), which asks the shared
+tier (another worker's answer) and then the database. Memory is served only while the
+cache's bus keeps this worker fresh (``CacheSync.fresh``): a worker that may have missed a
+purge asks the database instead.
+
+Invalidation (``purge``): the shared tier first (one atomic step in Redis), then every
+worker's memory through the acknowledged bus; it returns when every live worker has
+dropped the entries. Management changes of a query purge that query, of a connection
+everything (``on_change``); a write through the gateway purges the entries of the queries
+that read a table it touched (``written``), before the write is answered.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
+
+from ..ports import Clock
+from . import keys
+from .entry import Entry, encode_rows
+from .memory import MemoryCache, Purge
+from .ports import CacheSync, LocalCacheSync, NoSharedTier, SharedTier
+
+if TYPE_CHECKING:
+    from ..execution.runner import Result
+    from ..governance import Analysis
+    from ..model.catalog import Catalog, Connection, QueryVersion
+    from ..settings import Settings
+
+log = logging.getLogger("gateway.cache")
+
+
+class _Flight:
+    __slots__ = ("done", "entry")
+
+    def __init__(self) -> None:
+        self.done = threading.Event()
+        self.entry: Entry | None = None
+
+
+class ResponseCache:
+    __slots__ = ("memory", "hits", "misses", "bypasses", "shared_fills", "write_purges", "failed_purges",
+                 "_sync", "_shared", "_worker", "_clock", "_wall", "_flights", "_lock", "_follow_s",
+                 "_write_wait_s", "_readers")
+
+    def __init__(self, settings: Settings, sync: CacheSync | None = None, shared: SharedTier | None = None,
+                 worker: str = "", clock: Clock = time.monotonic, wall: Clock = time.time) -> None:
+        self.memory = MemoryCache(settings.cache_max_bytes, clock)
+        self.hits = self.misses = self.bypasses = self.shared_fills = 0
+        self.write_purges = self.failed_purges = 0
+        self._sync = sync or LocalCacheSync()
+        self._shared = shared or NoSharedTier()
+        self._worker = worker
+        self._clock = clock
+        self._wall = wall
+        self._flights: dict[str, _Flight] = {}
+        self._lock = threading.Lock()
+        # A follower waits for the leader's database call at most as long as a statement may run.
+        self._follow_s = settings.statement_timeout_ms / 1000 + 1
+        self._write_wait_s = settings.cache_write_wait_ms / 1000
+        self._readers: tuple[Catalog | None, dict[str, tuple[frozenset[str], bool]]] = (None, {})
+
+    def start(self) -> None:
+        self._sync.start(self.memory)
+
+    def close(self) -> None:
+        self._sync.close()
+
+    # --- the data plane ----------------------------------------------------------------------
+    def answer(self, qv: QueryVersion, bound: Sequence, page: int, size: int, compute: Callable[[], Result],
+               bypass: bool) -> tuple[Entry, str]:
+        """The entry for this call and how it was found: ``hit``, ``miss`` or ``bypass``."""
+        digest = keys.digest(qv, bound, page, size)
+        fresh = self._sync.fresh()
+        if bypass:
+            self.bypasses += 1
+            return self._fill(digest, qv, compute, fresh, shared=False)[0], "bypass"   # not a miss
+        if fresh:
+            entry = self.memory.get(digest)
+            if entry is not None:
+                self.hits += 1
+                return entry, "hit"
+        with self._lock:
+            held = self._flights.get(digest)
+            leader = held is None
+            flight = self._flights[digest] = _Flight() if held is None else held
+        if not leader:
+            # Another request of this worker is filling this entry: wait for its answer.
+            if flight.done.wait(self._follow_s) and flight.entry is not None:
+                self.misses += 1
+                return flight.entry, "miss"
+            return self._fill(digest, qv, compute, fresh, shared=True)   # its fill failed: our own
+        try:
+            entry, state = self._fill(digest, qv, compute, fresh, shared=True)
+            flight.entry = entry
+            return entry, state
+        finally:
+            with self._lock:
+                self._flights.pop(digest, None)
+            flight.done.set()
+
+    def _fill(self, digest: str, qv: QueryVersion, compute: Callable[[], Result], fresh: bool,
+              shared: bool) -> tuple[Entry, str]:
+        memory = self.memory
+        epoch = memory.epoch    # before anything is read: a purge from now on wins over this fill
+        token = None
+        if shared:
+            found, token = self._shared.get(digest)
+            if found is not None:
+                if fresh:
+                    memory.put(found, epoch)
+                self.shared_fills += 1
+                self.hits += 1
+                return found, "hit"
+        result = compute()
+        now, mono, ttl = self._wall(), self._clock(), qv.cache_ttl
+        tables, wildcard = keys.reads(qv)
+        entry = Entry(digest, qv.name, qv.version, keys.database(qv.connection), tables, wildcard, result.columns,
+                      result.rows, result.rowcount, now, now + ttl, mono + ttl,
+                      encode_rows(result.columns, result.rows, result.rowcount))
+        if fresh:
+            memory.put(entry, epoch)
+        if token is not None and entry.payload is not None and entry.size <= memory.max_entry:
+            self._shared.put(entry, token)
+        if shared:
+            self.misses += 1
+        return entry, "miss"
+
+    def written(self, catalog: Catalog, connection: Connection, analysis: Analysis | None) -> dict | None:
+        """A write through the gateway committed: drop, on every worker and in the shared tier,
+        the entries of every query that read a table it touched, before it is answered. Nothing
+        is announced when no cached query reads its database."""
+        db = keys.database(connection)
+        reading = self._reading(catalog).get(db)
+        if reading is None:
+            return None
+        tables, any_wildcard = reading
+        if analysis is None or analysis.views or analysis.user_functions:
+            purge: Purge = {"op": "db", "db": db}   # through a view or a function: any table
+        elif any_wildcard or not tables.isdisjoint(analysis.tables):
+            purge = {"op": "tables", "db": db, "tables": sorted(analysis.tables)}
+        else:
+            return None
+        self.write_purges += 1
+        try:
+            return self.purge(purge, self._write_wait_s)
+        except Exception:   # the write committed: it is answered; the lease bounds what a worker serves
+            self.failed_purges += 1
+            log.exception("cache: the invalidation of a write failed")
+            return None
+
+    def _reading(self, catalog: Catalog) -> dict[str, tuple[frozenset[str], bool]]:
+        """Per data database, the tables its cached versions read (and whether one of them reads
+        through a view or a function), memoised per catalog snapshot."""
+        held, reading = self._readers
+        if held is catalog:
+            return reading
+        found: dict[str, tuple[set[str], list[bool]]] = {}
+        for query in catalog.queries.values():
+            for qv in query.versions.values():
+                if qv.cache_ttl:
+                    tables, wildcard = keys.reads(qv)
+                    into = found.setdefault(keys.database(qv.connection), (set(), [False]))
+                    into[0].update(tables)
+                    into[1][0] = into[1][0] or wildcard
+        reading = {db: (frozenset(t), w[0]) for db, (t, w) in found.items()}
+        self._readers = (catalog, reading)
+        return reading
+
+    # --- the control plane -------------------------------------------------------------------
+    def purge(self, purge: Purge, timeout_s: float | None = None) -> dict:
+        """Drop what ``purge`` names in the shared tier, then on every worker; returns once every
+        live worker has (see ``CacheSync.announce``)."""
+        started = time.monotonic()
+        self._shared.purge(purge)
+        self.memory.apply(purge)     # this worker at once, whatever the bus's timing
+        reply = dict(self._sync.announce(purge, timeout_s))
+        reply["waited_ms"] = round((time.monotonic() - started) * 1000, 3)
+        return reply
+
+    def on_change(self, doc: dict) -> None:
+        """A management change committed (and every worker has the new catalog): a query's
+        entries go with any change of it; a connection's change drops everything (its queries
+        may read through it under any name). A key's change needs nothing: each call applies
+        its own key's plan to what the cache holds."""
+        if doc.get("kind") == "query":
+            self.purge({"op": "query", "name": doc.get("name")})
+        elif doc.get("kind") == "connection":
+            self.purge({"op": "all"})
+
+    def entries(self, query: str | None = None, limit: int = 1000) -> list[dict]:
+        now = self._wall()
+        items = [e.doc(now, self._worker) for e in self.memory.entries() if query is None or e.query == query]
+        items += [d for d in self._shared.entries(limit) if query is None or d.get("query") == query]
+        return items[:limit]
+
+    def gauges(self) -> dict[str, Callable[[], int]]:
+        return {"cache_hits": lambda: self.hits, "cache_misses": lambda: self.misses,
+                "cache_bypasses": lambda: self.bypasses, "cache_shared_fills": lambda: self.shared_fills,
+                "cache_evictions": lambda: self.memory.evictions, "cache_bytes": lambda: self.memory.bytes,
+                "cache_entries": lambda: len(self.memory)}

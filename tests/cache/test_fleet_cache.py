@@ -1,0 +1,168 @@
+"""The cache across a real gunicorn master (4 workers, the Redis purge bus and the shared
+tier): purges and writes reach every worker before they are answered, under load, and a
+worker that misses fills from another's answer instead of the database."""
+from __future__ import annotations
+
+import re
+import threading
+import time
+
+import pytest
+import requests
+
+from helpers.api import Api
+from helpers.load import Load, statuses
+from helpers.masters import Master
+from helpers.util import unique
+
+WORKERS = 4
+
+
+@pytest.fixture(scope="module")
+def master(services, tmp_path_factory, app):
+    fleet = Master(services, tmp_path_factory.mktemp("cache-master"), workers=WORKERS, cache_shared="on",
+                   allow_writes="on")
+    try:
+        yield fleet.start(90)
+    finally:
+        fleet.stop()
+
+
+@pytest.fixture
+def fleet_api(master, services):
+    api = Api.over_http(master.base, services)
+    yield api
+    api.close()
+
+
+@pytest.fixture
+def table(superuser):
+    name = unique("cache_f").replace("-", "_")
+    superuser(f"CREATE TABLE {name} (id int PRIMARY KEY, v bigint)", db="demo")
+    superuser(f"INSERT INTO {name} VALUES (1, 0)", db="demo")
+    yield name
+    superuser(f"DROP TABLE IF EXISTS {name}", db="demo")
+
+
+def cold_call(base: str, path: str, secret: str) -> requests.Response:
+    """A call on a new connection: the master's shared socket hands it to any worker."""
+    return requests.get(base + path, headers={"X-API-Key": secret, "Connection": "close"}, timeout=10)
+
+
+def test_a_worker_that_misses_fills_from_another_workers_answer(fleet_api, master, table):
+    api = fleet_api
+    connection = api.connection()
+    query = api.query(f"SELECT v FROM {table} WHERE id = 1", connection=connection, cache_ttl=60)
+    secret = api.key([query], [connection])
+    states = [cold_call(master.base, f"/q/{query}", secret).headers["X-Cache"] for _ in range(60)]
+    # One database call for the whole master: every other worker filled from Redis, then from memory.
+    assert states.count("miss") == 1 and states.count("hit") == 59, states
+    metrics = requests.get(master.base + "/metrics", timeout=10).text
+    fills = sum(float(v) for v in re.findall(r"^gateway_cache_shared_fills_total (\S+)$", metrics, re.M))
+    assert fills >= 1, metrics[:2000]
+
+
+def _loaded(master, path: str, secret: str, threads: int = 6) -> Load:
+    return Load(master.base, path, secret, threads=threads, close=True, keep_bodies=True)
+
+
+def test_a_purge_reaches_every_worker_before_it_returns_under_load(fleet_api, master, table, superuser):
+    api = fleet_api
+    connection = api.connection()
+    query = api.query(f"SELECT v FROM {table} WHERE id = 1", connection=connection, cache_ttl=600)
+    secret = api.key([query], [connection])
+    answered = []
+    with _loaded(master, f"/q/{query}", secret) as load:
+        for value in range(1, 31):
+            time.sleep(0.1)                     # every worker serves the cached value meanwhile
+            superuser(f"UPDATE {table} SET v = {value} WHERE id = 1", db="demo")   # outside the gateway
+            reply = api.ok("DELETE", f"/cache/entries/{query}")
+            answered.append((time.monotonic(), value))
+            assert not reply.json["sync"].get("pending"), reply.json
+        time.sleep(0.2)
+    calls = load.calls
+    assert statuses(calls) == {(200, None): len(calls)}, statuses(calls)
+    stale = []
+    for call in calls:
+        # A call sent after a purge returned must see at least the value written before that purge.
+        floor = max((v for at, v in answered if at <= call.started), default=0)
+        if call.body[0]["v"] < floor:
+            stale.append((call.started, call.body, floor))
+    assert len(calls) > 300 and not stale, (len(calls), stale[:5])
+
+
+def test_a_write_through_the_gateway_reaches_every_worker_before_it_is_answered(fleet_api, master, table):
+    api = fleet_api
+    connection = api.connection()
+    read = api.query(f"SELECT v FROM {table} WHERE id = 1", connection=connection, cache_ttl=600)
+    write = api.query(f"UPDATE {table} SET v = :v WHERE id = 1", {"v": {"type": "int"}}, connection=connection)
+    secret = api.key([read, write], [connection], allow_writes=True)
+    answered, write_ms = [], []
+    with _loaded(master, f"/q/{read}", secret) as load:
+        for value in range(1, 101):
+            time.sleep(0.02)
+            sent = time.monotonic()
+            reply = api.call(write, secret, {"v": str(value)})
+            assert reply.status == 200 and reply.headers["X-Rows-Affected"] == "1", reply
+            answered.append((time.monotonic(), value))
+            write_ms.append((time.monotonic() - sent) * 1000)
+        time.sleep(0.2)
+    calls = load.calls
+    assert statuses(calls) == {(200, None): len(calls)}, statuses(calls)
+    stale = [(c.started, c.body, f) for c in calls
+             if c.body[0]["v"] < (f := max((v for at, v in answered if at <= c.started), default=0))]
+    write_ms.sort()
+    print(f"writes: p50 {write_ms[50]:.1f} ms, max {write_ms[-1]:.1f} ms; reads {len(calls)}")
+    assert len(calls) > 300 and not stale, (len(calls), stale[:5])
+
+
+def test_cache_entries_lists_the_shared_tier(fleet_api, master, table):
+    api = fleet_api
+    connection = api.connection()
+    query = api.query(f"SELECT v FROM {table}", connection=connection, cache_ttl=60)
+    secret = api.key([query], [connection])
+    assert cold_call(master.base, f"/q/{query}", secret).status_code == 200
+    items = api.ok("GET", "/cache/entries", params={"query": query}).json["items"]
+    assert "shared" in {i["tier"] for i in items}, items
+    api.ok("DELETE", "/cache/entries", params={"query": query})
+    assert api.ok("GET", "/cache/entries", params={"query": query}).json["items"] == []
+    assert cold_call(master.base, f"/q/{query}", secret).headers["X-Cache"] == "miss"
+
+
+def scans_of(superuser, table: str, expected: int) -> int:
+    """The table's sequential scans, once PostgreSQL has them all (an idle backend reports its
+    statistics within about 10 s), or after 15 s."""
+    deadline = time.monotonic() + 15
+    while True:
+        scans = superuser(f"SELECT seq_scan FROM pg_stat_user_tables WHERE relname = '{table}'", db="demo")[0][0]
+        if scans >= expected or time.monotonic() > deadline:
+            time.sleep(0.5)   # a late report would show here
+            return superuser(f"SELECT seq_scan FROM pg_stat_user_tables WHERE relname = '{table}'", db="demo")[0][0]
+        time.sleep(0.2)
+
+
+def test_concurrent_misses_in_one_worker_make_one_database_call(api, endpoint, superuser):
+    """Single flight: 8 threads miss the same entry at once; the table is scanned once."""
+    table = unique("cache_s").replace("-", "_")
+    superuser(f"CREATE TABLE {table} (id int)", db="demo")
+    try:
+        ep = endpoint(f"SELECT count(*) AS n, pg_sleep(0.3) AS slept FROM {table}", cache_ttl=60)
+        replies = []
+        threads = [threading.Thread(target=lambda: replies.append(api.call(ep.query, ep.secret))) for _ in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert all(r.status == 200 for r in replies), replies[0]
+        assert sorted(r.headers["X-Cache"] for r in replies) == ["miss"] * 8
+        assert scans_of(superuser, table, 1) == 1
+        # The control: the same calls past the cache scan it once each.
+        bypass = [threading.Thread(target=lambda: replies.append(api.call(ep.query, ep.secret, {"cache": "false"})))
+                  for _ in range(8)]
+        for t in bypass:
+            t.start()
+        for t in bypass:
+            t.join()
+        assert scans_of(superuser, table, 9) == 9
+    finally:
+        superuser(f"DROP TABLE {table}", db="demo")
