@@ -24,8 +24,11 @@ ALIVE = "gw:{fleet}:alive"     # the bus's heartbeats: {"host:pid": expiry}
 class Master:
     """``python -m gunicorn -c fleet/gunicorn_conf.py --bind 127.0.0.1:<port> 'fleet.app:create_app()'``."""
 
-    def __init__(self, services, home: Path, workers: int = 4, **settings):
+    def __init__(self, services, home: Path, workers: int = 4, redis_client=None, **settings):
+        """``redis_client``: makes a client of the fleet's Redis when it is not ``services``'
+        (a cluster, a sentinel group: ``settings`` then carry its ``redis_url``)."""
         self.services = services
+        self.redis_client = redis_client or services.redis_client
         self.home = home
         self.workers = workers
         self.port = free_port()
@@ -63,7 +66,7 @@ class Master:
 
     def wait_ready(self, timeout_s: float = 60) -> list[int]:
         """Every worker forked, on the bus (its heartbeat in Redis) and /ready answering 200."""
-        client = self.services.redis_client()
+        client = self.redis_client()
         deadline = time.monotonic() + timeout_s
         try:
             while True:

@@ -56,7 +56,8 @@ class RedisNode:
         base = ["bind 127.0.0.1", f"port {self.port}", "protected-mode yes", f'dir "{self.home}"',
                 f'logfile "{self.home / "server.log"}"']
         if not self.sentinel:
-            base += ['save ""', "appendonly no", f"requirepass {self.password}", f"masterauth {self.password}"]
+            base += ['save ""', "appendonly no", f"requirepass {self.password}", f"masterauth {self.password}",
+                     "repl-diskless-sync-delay 0"]   # a replica's first sync at once, not after 5 s
         conf.write_text("".join(f"{line}\n" for line in base + self.lines))
         conf.chmod(0o600)
         args = [find_redis_server(), str(conf)] + (["--sentinel"] if self.sentinel else [])
@@ -79,6 +80,17 @@ class RedisNode:
             return bool(client.ping())
         except redis.RedisError:
             return False
+        finally:
+            client.close()
+
+    def detach(self, master: RedisNode) -> None:
+        """A replica that lags from now on: stopped (SIGSTOP), then its link cut on the
+        master's side, so what the master writes meanwhile never reaches it. (SIGSTOP alone
+        is no lag: the stream waits in the socket's buffers.) SIGCONT resumes it."""
+        self.signal(signal.SIGSTOP)
+        client = master.client()
+        try:
+            client.execute_command("CLIENT", "KILL", "TYPE", "replica")
         finally:
             client.close()
 
@@ -112,6 +124,22 @@ class RedisNode:
             return "(no log)"
 
 
+def wait_synced(replica: RedisNode, timeout_s: float) -> None:
+    """Until ``replica``'s link to its master is up (its first sync done)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        client = replica.client()
+        try:
+            if client.info("replication").get("master_link_status") == "up":
+                return
+        except redis.RedisError:
+            pass
+        finally:
+            client.close()
+        assert time.monotonic() < deadline, f"{replica.name} did not sync"
+        time.sleep(0.05)
+
+
 class Cluster:
     """Three masters and three replicas (``redis-cli --cluster create --cluster-replicas 1``);
     ``url``: ``redis+cluster://`` with every master as a seed."""
@@ -138,6 +166,9 @@ class Cluster:
                             *(n.name for n in self.nodes), "--cluster-replicas", "1", "--cluster-yes"],
                            check=True, capture_output=True, timeout=60)
             self.wait_healthy(30)
+            for node in self.nodes:
+                if self.role(node) == "slave":
+                    wait_synced(node, 30)
         except BaseException:
             self.stop()
             raise
@@ -222,6 +253,7 @@ class Cluster:
         """Start a killed master again (it rejoins as a replica of its promoted replica)."""
         killed.start()
         self.wait_healthy(30)
+        wait_synced(killed, 30)
 
 
 class SentinelGroup:
@@ -280,18 +312,7 @@ class SentinelGroup:
         return self.replica if node is self.master else self.master
 
     def wait_synced(self, replica: RedisNode, timeout_s: float) -> None:
-        deadline = time.monotonic() + timeout_s
-        while True:
-            client = replica.client()
-            try:
-                if client.info("replication").get("master_link_status") == "up":
-                    return
-            except redis.RedisError:
-                pass
-            finally:
-                client.close()
-            assert time.monotonic() < deadline, f"{replica.name} did not sync"
-            time.sleep(0.05)
+        wait_synced(replica, timeout_s)
 
     def wait_known(self, timeout_s: float) -> None:
         """Every sentinel knows the replica and the other sentinels (so a failover can be

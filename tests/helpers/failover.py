@@ -1,0 +1,143 @@
+"""A Redis failover under load, the same for Redis Cluster and Sentinel: two gunicorn masters
+on one distributed Redis (``GATEWAY_REDIS_FAILURE=open`` and ``closed``), keep-alive
+clients on both calling one key with a rate limit and a quota, the failover, then a
+management change that every call after it must see, and an ``/events`` stream that must
+carry runs again. Every call is recorded (``helpers.load``); the test module asserts.
+"""
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import redis
+import requests
+
+from helpers.api import Api
+from helpers.events import Connection, EventStream
+from helpers.history import key_id
+from helpers.load import Call, Load
+from helpers.masters import ALIVE, HOSTNAME, Master
+from helpers.util import wait_until
+
+LEASE_MS = 1500   # GATEWAY_FRESHNESS_LEASE_MS (the default): a heartbeat's lifetime
+
+
+@dataclass
+class Failover:
+    """What happened, in ``time.monotonic()`` seconds."""
+
+    calls: dict[str, list[Call]]          # per master: "open", "closed"
+    failed: float                          # the failover was started (kill, SENTINEL FAILOVER)
+    promoted: float                        # the new master answered as master
+    shared: float                          # every worker leased and beat on the new master, /ready 200
+    changed: float                         # the management change was sent ...
+    returned: float                        # ... and returned
+    events_after: int                      # runs of the key on a stream opened after the failover
+    notes: dict = field(default_factory=dict)
+
+
+def redis_ms(client) -> int:
+    seconds, micros = client.time()
+    return int(seconds) * 1000 + int(micros) // 1000
+
+
+def fleet_shared(client, masters: list[Master], bucket: str, since_ms: int) -> bool:
+    """Every worker has written a heartbeat after ``since_ms`` (Redis time) and some worker
+    took a lease from ``bucket`` after it: the fleet works on the new master."""
+    try:
+        beats = {k.decode(): int(v) for k, v in client.hgetall(ALIVE).items()}
+        leased = client.hget(bucket, "ts")
+        if leased is None or float(leased) < since_ms:
+            return False
+        for master in masters:
+            for pid in master.worker_pids():
+                if beats.get(f"{HOSTNAME}:{pid}", 0) < since_ms + LEASE_MS:
+                    return False
+            if requests.get(master.base + "/ready", timeout=1).status_code != 200:
+                return False
+        return True
+    except (redis.RedisError, requests.RequestException):
+        return False
+
+
+def failover_under_load(masters: dict[str, Master], admin: Api, redis_client: Callable[[], object],
+                        fail: Callable[[], None], promoted: Callable[[], None],
+                        pick_key: Callable[[int], bool] = lambda key: True) -> Failover:
+    """``fail()`` starts the failover, ``promoted()`` returns once the new master serves;
+    ``pick_key(id)``: whether a key's id suits the test (a cluster: its bucket on the master
+    that will fail)."""
+    connection = admin.connection()
+    query = admin.query("SELECT 1 AS v", connection=connection)
+    admin.ok("POST", f"/queries/{query}/versions",
+             {"connection_name": connection, "sql": "SELECT 2 AS v", "parameters": {}, "publish": False})
+    for _ in range(40):
+        # A limit well above what this machine serves: a refusal means "no Redis", not "too fast".
+        name, secret = admin.named_key([query], [connection], rate_limit="5000/second",
+                                       quota={"calls": 10_000_000, "per": "day"})
+        kid = key_id(admin.services.sql, name)
+        if pick_key(kid):
+            break
+    else:
+        raise AssertionError("no key id suited pick_key")
+    bucket = f"gw:{{rl:key:{kid}}}"
+    path = f"/q/{query}"
+    loads = {mode: Load(m.base, path, secret, threads=3, keep_bodies=True) for mode, m in masters.items()}
+    client = redis_client()
+    stream = EventStream(Connection(masters["open"].base))
+    try:
+        for load in loads.values():
+            load.start()
+        time.sleep(1.0)
+        failed = time.monotonic()
+        fail()
+        promoted()
+        at_promotion = time.monotonic()
+        since = wait_until(lambda: _redis_ms_or_none(client), 10, 0.02, "Redis time on the new master")
+        wait_until(lambda: fleet_shared(client, list(masters.values()), bucket, since), 20, 0.02,
+                   "the fleet to share its limits on the new master")
+        shared = time.monotonic()
+        time.sleep(0.5)
+        changed = time.monotonic()
+        admin.ok("POST", f"/queries/{query}/publish", {"version": 2})
+        returned = time.monotonic()
+        time.sleep(0.8)
+        # A stream opened now carries the key's runs: the event stream works on the new master.
+        after = EventStream(Connection(masters["open"].base))
+        try:
+            events = after.wait(lambda evs: any(json.loads(e.data).get("key_id") == kid
+                                                for e in evs if e.kind == "run"), 10, "runs after the failover")
+            events_after = sum(1 for e in events if e.kind == "run" and json.loads(e.data).get("key_id") == kid)
+        finally:
+            after.close()
+    finally:
+        calls = {mode: load.stop() for mode, load in loads.items()}
+        stream.close()
+        client.close()
+    return Failover(calls, failed, at_promotion, shared, changed, returned, events_after)
+
+
+def _redis_ms_or_none(client) -> int | None:
+    try:
+        return redis_ms(client)
+    except redis.RedisError:
+        return None
+
+
+def report(result: Failover, what: str) -> str:
+    """The numbers the README quotes: how long each phase took, what clients saw."""
+    lines = [f"{what}: promoted {result.promoted - result.failed:.2f}s after the fault, fleet shared again "
+             f"{result.shared - result.failed:.2f}s after it; publish took {result.returned - result.changed:.3f}s"]
+    for mode, calls in result.calls.items():
+        gap = [c for c in calls if result.failed <= c.started < result.shared]
+        refused = [c for c in calls if c.status != 200]
+        took = sorted(c.ended - c.started for c in gap) or [0.0]
+        normal = sorted(c.ended - c.started for c in calls if c.ended < result.failed) or [0.0]
+        span = (max(c.ended for c in refused) - min(c.started for c in refused)) if refused else 0.0
+        lines.append(f"  {mode}: {len(calls)} calls, {len(refused)} not 200 over {span:.2f}s; during the failover "
+                     f"{len(gap)} calls, p50 {took[len(took) // 2] * 1000:.0f} ms, p99 "
+                     f"{took[int(len(took) * 0.99)] * 1000:.0f} ms, max {took[-1] * 1000:.0f} ms, "
+                     f"{sum(t > 0.25 for t in took)} over 250 ms (before: p99 "
+                     f"{normal[int(len(normal) * 0.99)] * 1000:.0f} ms)")
+    return "\n".join(lines)
