@@ -44,7 +44,7 @@ class QueryVersion:
                  "value_order", "statement", "plan_id", "prepare_sql", "execute_sql", "positional", "order", "casts",
                  "stream_template",
                  "published_at", "description", "tags", "parameters", "max_affected_rows",
-                 "analysis", "masks", "cache_ttl", "signature")
+                 "analysis", "masks", "signature")
 
     def __init__(self, name: str, row: dict, connection: Connection) -> None:
         analysis = row["extra"]["analysis"]
@@ -70,8 +70,6 @@ class QueryVersion:
         self.published_at = row["published_at"]
         self.max_affected_rows = row["extra"].get("max_affected_rows")
         self.masks = row["extra"].get("mask")
-        # Seconds an answer may be served from the cache (gateway.cache); reads only.
-        self.cache_ttl = (row.get("cache_ttl") or 0) if self.kind == "read" else 0
         self.positional = analysis["positional"]
         self.order = tuple(analysis["order"])
         self.casts: tuple[str, ...] = ()
@@ -257,26 +255,31 @@ def refresh(conn: psycopg2.extensions.connection, current: Catalog) -> tuple[Cat
     (a store restored from a backup), or a log that misses a generation (a change made by an
     older release that logs nothing). One repeatable-read snapshot: what is read is exactly
     the store at that generation."""
+    mine = current.generation
     with conn.cursor(cursor_factory=psycopg2.extras.RealDictCursor) as cur:
-        # One round trip for both: the snapshot starts at the first read.
+        # One round trip: the snapshot (it starts at the first read), the generation, and the
+        # changes logged since ``mine`` when the log reaches back that far (one row with no
+        # change otherwise).
         cur.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY; "
-                    "SELECT generation, log_from FROM gw_catalog_state")
+                    "SELECT s.generation AS now, s.log_from, c.kind, c.id, c.generation "
+                    "FROM gw_catalog_state s LEFT JOIN gw_catalog_changes c "
+                    "ON s.generation > %(mine)s AND s.log_from <= %(mine)s AND c.generation > %(mine)s",
+                    {"mine": mine})
         try:
-            state = cur.fetchone()
-            generation, mine = state["generation"], current.generation
+            state = cur.fetchall()
+            generation = state[0]["now"]
             if generation == mine:
                 return current, Refresh("none", 1)
-            if 0 <= state["log_from"] <= mine < generation:
-                cur.execute("SELECT kind, id, generation FROM gw_catalog_changes WHERE generation > %s", (mine,))
-                logged = cur.fetchall()
+            if 0 <= state[0]["log_from"] <= mine < generation:
+                logged = [r for r in state if r["kind"] is not None]
                 if len({r["generation"] for r in logged}) == generation - mine:
                     try:
                         new, rows = _apply(cur, current, generation, logged)
-                        return new, Refresh("changes", 1 + len(logged) + rows, generation - mine)
+                        return new, Refresh("changes", len(state) + rows, generation - mine)
                     except _Gap:
                         pass
             new, rows = _read_all(cur, generation)
-            return new, Refresh("full", 1 + rows)
+            return new, Refresh("full", len(state) + rows)
         finally:
             cur.execute("COMMIT")
 

@@ -23,6 +23,11 @@ def _pooled(records: list[dict], q: float):
     return percentile(samples, q), len(samples)
 
 
+def _span(records: list[dict], field: str) -> str:
+    values = [r[field] for r in records if r.get(field) is not None]
+    return f'{min(values):.2f}-{max(values):.2f}' if values else '?'
+
+
 def render(meta: dict, runs: list[dict]) -> str:
     settings = meta.get('settings', {})
     git = meta.get('versions', {}).get('git', {})
@@ -74,7 +79,7 @@ def render(meta: dict, runs: list[dict]) -> str:
                 'Client-side time of the whole call (it returns once every live worker applied the change). Pooled '
                 'percentiles over every sample; "worst round p99": the highest p99 of any round.', '',
                 *table_head(['workers', 'call', 'n', 'p50 ms', 'p90 ms', 'p99 ms', 'max ms', 'worst round p99 ms',
-                             f'p99 < {GOAL_MGMT_MS:.0f} ms']), ]
+                             f'p99 < {GOAL_MGMT_MS:.0f} ms', 'machine busy cores', 'load avg']), ]
         for workers in sorted({r['workers'] for r in records}):
             for kind in ('create-key', 'patch-key', 'publish', 'delete-key'):
                 cell = [r for r in records if r['workers'] == workers and r['kind'] == kind]
@@ -84,7 +89,8 @@ def render(meta: dict, runs: list[dict]) -> str:
                 worst = max((r['latency_ms'].get('99') or 0) for r in cell)
                 out.append(f'| {workers} | {kind} | {n} | {_ms(_pooled(cell, 50)[0])} | {_ms(_pooled(cell, 90)[0])} | '
                            f'{_ms(p99)} | {_ms(_pooled(cell, 100)[0])} | {_ms(worst)} | '
-                           f'{"yes" if p99 is not None and p99 < GOAL_MGMT_MS else "no"} |')
+                           f'{"yes" if p99 is not None and p99 < GOAL_MGMT_MS else "no"} | '
+                           f'{_span(cell, "machine_cores")} | {_span(cell, "loadavg_1m")} |')
         out.append('')
 
     dp = [r for r in runs if r['step'] == 'dataplane']
@@ -94,12 +100,13 @@ def render(meta: dict, runs: list[dict]) -> str:
                 f'every {settings.get("change_every")} s (patch, publish, create, delete in turn). Every answer\'s '
                 'status and row were checked.', '',
                 *table_head(['round', 'condition', 'calls', 'changes', 'p50 ms', 'p99 ms', 'p99.9 ms', 'max ms',
-                             'wrong', 'gateway cores'])]
+                             'wrong', 'gateway cores', 'machine busy cores', 'load avg'])]
         for r in dp:
             lat = r['latency_ms']
             out.append(f'| {r["round"]} | {"changing" if r["changing"] else "quiet"} | {r["calls"]:,} | {r["changes"]} | '
                        f'{_ms(lat.get("50"))} | {_ms(lat.get("99"))} | {_ms(lat.get("99.9"))} | {_ms(lat.get("max"))} |'
-                       f' {r["wrong_bodies"]} | {r.get("gateway_cores")} |')
+                       f' {r["wrong_bodies"]} | {r.get("gateway_cores")} | {r.get("machine_cores")} | '
+                       f'{r.get("loadavg_1m")} |')
         quiet = [r for r in dp if not r['changing']]
         changing = [r for r in dp if r['changing']]
         q99, c99 = _pooled(quiet, 99)[0], _pooled(changing, 99)[0]

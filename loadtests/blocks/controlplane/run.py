@@ -106,6 +106,21 @@ class Changes:
         self.client.close()
 
 
+class Contention:
+    """How busy the whole machine was meanwhile (this block's processes included): its busy cores, and the
+    1-minute load average at the end. On a machine others share, the first thing to read when a figure is off."""
+
+    def __init__(self):
+        self.meter = system.MachineMeter()
+        self.meter.start()
+        self.started = time.monotonic()
+
+    def stop(self) -> dict:
+        busy = self.meter.stop()
+        return {'machine_cores': round(busy / max(time.monotonic() - self.started, 1e-6), 3),
+                'loadavg_1m': round(os.getloadavg()[0], 2)}
+
+
 def rss_kb(pids) -> list[int]:
     out = []
     for pid in pids:
@@ -229,6 +244,7 @@ def management_calls(changes: Changes, kinds, samples: int, rounds: int, workers
     for r in range(rounds):
         for kind in rotated(list(kinds), r):
             got, errors = [], {}
+            machine = Contention()
             for _ in range(per_round):
                 status, ms = changes.make(kind)
                 if 200 <= status < 300:
@@ -236,7 +252,8 @@ def management_calls(changes: Changes, kinds, samples: int, rounds: int, workers
                 else:
                     errors[status] = errors.get(status, 0) + 1
             record = {'step': step, 'workers': workers, 'round': r + 1, 'kind': kind, 'latency_ms': summary(got),
-                      'samples_ms': [round(s, 3) for s in got], 'errors': errors, 'ok': not errors}
+                      'samples_ms': [round(s, 3) for s in got], 'errors': errors, 'ok': not errors,
+                      **machine.stop()}
             write(record)
             log(f'{workers} workers, round {r + 1}, {kind}: p50 {record["latency_ms"].get("50")} ms, p99 '
                 f'{record["latency_ms"].get("99")} ms' + (f'  ⚠ {errors}' if errors else ''))
@@ -263,6 +280,7 @@ def data_plane(target, max_id: int, seconds: float, changing: bool, change_every
     latencies, wrong, statuses = [], 0, {}
     cpu = system.CpuMeter(*pids)
     cpu.start()
+    machine = Contention()
     started = time.monotonic()
     if thread is not None:
         thread.start()
@@ -287,7 +305,7 @@ def data_plane(target, max_id: int, seconds: float, changing: bool, change_every
               'samples_ms': [round(x, 3) for x in latencies], 'statuses': statuses, 'wrong_bodies': wrong,
               'changes': len(made), 'change_ms': summary([ms for _, ms in made]), 'change_errors': len(change_errors),
               'gateway_cores': round(worker_cpu / elapsed, 3) if worker_cpu is not None else None,
-              'ok': not wrong and not change_errors}
+              **machine.stop(), 'ok': not wrong and not change_errors}
     write(record)
     lat = record['latency_ms']
     log(f'data plane round {round_index} {"with changes" if changing else "quiet"}: {len(latencies)} calls, p50 '

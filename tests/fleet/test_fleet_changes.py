@@ -1,0 +1,94 @@
+"""Changes streaming into a real 4-worker gunicorn master under load, applied incrementally
+(``gateway.model.catalog.refresh``): every call that starts after a management call returned
+sees its change, on every worker, and no worker read the whole catalog to get there (its
+``gateway_catalog_full_loads`` stays at the one load it made when it started)."""
+from __future__ import annotations
+
+import time
+
+import pytest
+import requests
+from prometheus_client.parser import text_string_to_metric_families
+
+from helpers.api import Api
+from helpers.history import key_id, runs_by_worker
+from helpers.load import Load, statuses
+from helpers.masters import Master
+from helpers.util import unique, wait_until
+
+pytestmark = pytest.mark.slow
+
+WORKERS = 4
+
+
+@pytest.fixture(scope="module")
+def master(services, tmp_path_factory):
+    m = Master(services, tmp_path_factory.mktemp("changes-home"), workers=WORKERS, lease_ms=100)
+    try:
+        yield m.start()
+    finally:
+        m.stop()
+
+
+def counter(base: str, name: str) -> float:
+    text = requests.get(base + "/metrics", timeout=10).text
+    return sum(s.value for f in text_string_to_metric_families(text) for s in f.samples if s.name == name)
+
+
+def test_changes_under_load_are_exact_and_incremental(master, services, superuser):
+    admin = Api.over_http(master.base, services)
+    try:
+        connection = admin.connection()
+        query = admin.query("SELECT 1 AS v", connection=connection)
+        admin.ok("POST", f"/queries/{query}/versions",
+                 {"connection_name": connection, "sql": "SELECT 2 AS v", "parameters": {}, "publish": False})
+        name, secret = admin.named_key([query], [connection])
+        bystanders = [admin.named_key([query], [connection])[0] for _ in range(20)]
+        load = Load(master.base, f"/q/{query}", secret, threads=8, close=True, keep_bodies=True)
+        changes = []   # (started, returned, what every later call must see)
+        with load:
+            time.sleep(0.5)
+            for i in range(24):
+                started = time.monotonic()
+                step = i % 4
+                if step == 0:
+                    version = 2 if (i // 4) % 2 == 0 else 1
+                    admin.ok("POST", f"/queries/{query}/publish", {"version": version})
+                    expect = ("v", version)
+                elif step == 1:   # unrelated keys come and go: nothing the callers see may move
+                    admin.ok("DELETE", f"/api-keys/{bystanders.pop()}")
+                    bystanders.insert(0, admin.named_key([query], [connection], name=unique("by"))[0])
+                elif step == 2:   # the callers' key: off, then on again
+                    admin.ok("PATCH", f"/api-keys/{name}", {"active": False})
+                    changes.append((started, time.monotonic(), ("off", None)))
+                    time.sleep(0.15)
+                    started = time.monotonic()
+                    admin.ok("PATCH", f"/api-keys/{name}", {"active": True})
+                else:             # the connection changes (its versions are rebound, not read again)
+                    admin.ok("PATCH", f"/connections/{connection}", {"options": {"step": i}})
+                changes.append((started, time.monotonic(), expect))
+                time.sleep(0.15)
+            time.sleep(0.6)     # every worker serves (and flushes its metrics) after the last change
+        calls = load.calls
+        assert not [c for c in calls if c.status == 0 or c.status >= 500], statuses(calls)
+        checked = 0
+        for i, (_, returned, (state, version)) in enumerate(changes):
+            next_start = changes[i + 1][0] if i + 1 < len(changes) else float("inf")
+            seen = [c for c in calls if c.started > returned and c.ended < next_start]
+            checked += len(seen)
+            if state == "off":
+                wrong = [c for c in seen if (c.status, c.code) != (401, "unauthorized")]
+            else:
+                wrong = [c for c in seen if c.status != 200 or c.body != [{"v": version}]]
+            assert not wrong, (i, state, version, statuses(wrong), wrong[:2])
+        assert checked > 200, checked
+        # Every worker served the key: the changes reached all of them.
+        by_worker = wait_until(lambda: (lambda w: w if len(w) == WORKERS else None)(
+            runs_by_worker(superuser, key_id(superuser, name))), 5, 0.1, "runs of every worker")
+        assert len(by_worker) == WORKERS, by_worker
+        # Each worker read the whole catalog once, when it started; every change since was applied
+        # from the change log.
+        assert counter(master.base, "gateway_catalog_reloads_total") >= WORKERS * len(changes)
+        assert counter(master.base, "gateway_catalog_full_loads_total") == WORKERS
+    finally:
+        admin.close()
