@@ -5,8 +5,9 @@ and --queries queries, then management calls and the data plane measured.
 
 Steps, in order (every record goes to results.jsonl as it is made):
 
-1. `grow-keys`: --keys keys created through the Management API, one after another on one keep-alive connection
-   (each a change every worker applies before the call returns); the elapsed time every 1,000 keys.
+1. `grow-keys`: --keys keys created through the Management API (each a change every worker applies before the call
+   returns): the first --sequential-keys one after another on one keep-alive connection, the rest from
+   --key-clients connections at once.
 2. `grow-queries`: --api-queries saved queries through the API (each read by PostgreSQL's parser and analysed
    against the connection's schema, as a real save is), then the rest up to --queries inserted in bulk straight
    into the store (copies of the benchmark query's stored version, so every one is a real, servable query) with
@@ -145,25 +146,48 @@ def start(args, work_dir: Path, store_url: str, redis_url: str, workers: int):
     return target, pids
 
 
-def grow_keys(target, count: int, write) -> None:
-    client = Client(target.base_url, {'X-API-Key': target.admin_key})
-    samples, marks, errors = [], [], {}
+def grow_keys(target, count: int, sequential: int, clients: int, write) -> None:
+    """The first `sequential` keys one after another on one connection, the rest from `clients` connections at once
+    (a provisioning script's way; their changes are applied together when they arrive together)."""
+    samples: list[float] = []
+    errors: dict = {}
+    lock = threading.Lock()
+
+    def create(names) -> None:
+        client = Client(target.base_url, {'X-API-Key': target.admin_key})
+        try:
+            for name in names:
+                status, _, ms = client.call('POST', '/api/v1/api-keys', targets.key_body(name))
+                with lock:
+                    if status == 201:
+                        samples.append(ms)
+                    else:
+                        errors[status] = errors.get(status, 0) + 1
+        finally:
+            client.close()
+
+    names = [f'grow-{i:06d}' for i in range(count)]
+    first, rest = names[:sequential], names[sequential:]
     started = time.monotonic()
-    try:
-        for i in range(count):
-            status, body, ms = client.call('POST', '/api/v1/api-keys', targets.key_body(f'grow-{i:06d}'))
-            if status == 201:
-                samples.append(ms)
-            else:
-                errors[status] = errors.get(status, 0) + 1
-            if (i + 1) % 1000 == 0:
-                marks.append(round(time.monotonic() - started, 3))
-                log(f'{i + 1} keys in {marks[-1]:.1f} s (last 1,000: p50 {summary(samples[-1000:]).get("50")} ms)')
-    finally:
-        client.close()
+    create(first)
+    sequential_s = time.monotonic() - started
+    sequential_samples = list(samples)
+    log(f'{len(first)} keys one after another in {sequential_s:.1f} s')
+    parallel_started = time.monotonic()
+    threads = [threading.Thread(target=create, args=(rest[i::clients],)) for i in range(clients)] if rest else []
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    parallel_s = time.monotonic() - parallel_started
+    log(f'{len(rest)} keys from {clients} clients in {parallel_s:.1f} s')
     write({'step': 'grow-keys', 'keys': count, 'seconds': round(time.monotonic() - started, 3),
-           'marks_s': marks, 'latency_ms': summary(samples), 'per_thousand_ms': [summary(samples[i:i + 1000])
-                                                                                 for i in range(0, len(samples), 1000)],
+           'sequential': {'keys': len(first), 'seconds': round(sequential_s, 3),
+                          'latency_ms': summary(sequential_samples),
+                          'per_thousand_ms': [summary(sequential_samples[i:i + 1000])
+                                              for i in range(0, len(sequential_samples), 1000)]},
+           'parallel': {'keys': len(rest), 'clients': clients, 'seconds': round(parallel_s, 3),
+                        'latency_ms': summary(samples[len(sequential_samples):])},
            'errors': errors, 'ok': not errors})
 
 
@@ -327,6 +351,9 @@ def main(argv=None) -> int:
     parser.add_argument('--local-pg-port', type=int, default=54510)
     parser.add_argument('--create-data', action='store_true')
     parser.add_argument('--keys', type=int, default=10_000)
+    parser.add_argument('--sequential-keys', type=int, default=1_000,
+                        help='of --keys, how many one after another (the rest from --key-clients at once)')
+    parser.add_argument('--key-clients', type=int, default=8)
     parser.add_argument('--queries', type=int, default=5_000)
     parser.add_argument('--api-queries', type=int, default=300, help='of --queries, how many through the API')
     parser.add_argument('--workers', type=int, default=4)
@@ -402,7 +429,7 @@ def _main(args, run_dir: Path, work_dir: Path) -> int:
             if status != 201:
                 raise targets.TargetError(f'POST {path} answered {status}: {str(reply)[:300]}')
         rss = {'small': rss_kb(pids)}
-        grow_keys(target, args.keys, write)
+        grow_keys(target, args.keys, min(args.sequential_keys, args.keys), args.key_clients, write)
         rss['keys'] = rss_kb(pids)
         grow_queries(target, store_url, min(args.api_queries, args.queries), args.queries, write)
         rss['keys+queries'] = rss_kb(pids)
