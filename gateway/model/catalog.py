@@ -44,7 +44,7 @@ class QueryVersion:
                  "value_order", "statement", "plan_id", "prepare_sql", "execute_sql", "positional", "order", "casts",
                  "stream_template",
                  "published_at", "description", "tags", "parameters", "max_affected_rows",
-                 "analysis", "masks", "signature")
+                 "analysis", "masks", "cache_ttl", "signature")
 
     def __init__(self, name: str, row: dict, connection: Connection) -> None:
         analysis = row["extra"]["analysis"]
@@ -70,6 +70,8 @@ class QueryVersion:
         self.published_at = row["published_at"]
         self.max_affected_rows = row["extra"].get("max_affected_rows")
         self.masks = row["extra"].get("mask")
+        # Seconds an answer may be served from the cache (gateway.cache); reads only.
+        self.cache_ttl = (row.get("cache_ttl") or 0) if self.kind == "read" else 0
         self.positional = analysis["positional"]
         self.order = tuple(analysis["order"])
         self.casts: tuple[str, ...] = ()
