@@ -238,10 +238,12 @@ def full_load(store_url: str, write) -> None:
     conn.autocommit = True
     times, sizes = [], {}
     try:
+        cpu = []
         for _ in range(3):
-            started = time.perf_counter()
+            started, cpu_started = time.perf_counter(), time.process_time()
             loaded, done = catalog.refresh(conn, catalog.Catalog.empty())
             times.append((time.perf_counter() - started) * 1000)
+            cpu.append((time.process_time() - cpu_started) * 1000)
             sizes = {'keys': len(loaded.keys), 'queries': len(loaded.queries), 'rows': done.rows}
         generation = loaded.generation
         # The incremental refresh of one change, for comparison: the catalog one generation back applying it.
@@ -253,22 +255,27 @@ def full_load(store_url: str, write) -> None:
             for _ in range(5):
                 behind = catalog.refresh(conn, catalog.Catalog.empty())[0]
                 behind.generation = generation - 1
-                started = time.perf_counter()
+                started, cpu_started = time.perf_counter(), time.process_time()
                 _, done = catalog.refresh(conn, behind)
-                applied.append(((time.perf_counter() - started) * 1000, done.how, done.rows))
+                applied.append(((time.perf_counter() - started) * 1000, done.how, done.rows,
+                                (time.process_time() - cpu_started) * 1000))
     finally:
         conn.close()
-    write({'step': 'full-load', 'ms': summary(times), **sizes,
+    write({'step': 'full-load', 'ms': summary(times), 'cpu_ms': summary(cpu), **sizes,
+           'one_change_cpu_ms': summary([a[3] for a in applied]),
            'one_change_ms': summary([a[0] for a in applied]), 'one_change_how': sorted({a[1] for a in applied}),
            'one_change_rows': max((a[2] for a in applied), default=None), 'ok': True})
 
 
-def management_calls(changes: Changes, kinds, samples: int, rounds: int, workers: int, write, step: str) -> None:
+def management_calls(changes: Changes, kinds, samples: int, rounds: int, workers: int, write, step: str,
+                     master: int) -> None:
     per_round = max(1, samples // rounds)
     for r in range(rounds):
         for kind in rotated(list(kinds), r):
             got, errors = [], {}
             machine = Contention()
+            gateway = system.CpuMeter(master)
+            gateway.start()
             for _ in range(per_round):
                 status, ms = changes.make(kind)
                 if 200 <= status < 300:
@@ -277,6 +284,9 @@ def management_calls(changes: Changes, kinds, samples: int, rounds: int, workers
                     errors[status] = errors.get(status, 0) + 1
             record = {'step': step, 'workers': workers, 'round': r + 1, 'kind': kind, 'latency_ms': summary(got),
                       'samples_ms': [round(s, 3) for s in got], 'errors': errors, 'ok': not errors,
+                      # the CPU every gateway process (master, workers) spent per call: the call and each
+                      # worker applying it; unlike the wall time, other processes on the machine do not add to it
+                      'gateway_cpu_ms_per_call': round((gateway.stop() or 0) * 1000 / max(per_round, 1), 2),
                       **machine.stop()}
             write(record)
             log(f'{workers} workers, round {r + 1}, {kind}: p50 {record["latency_ms"].get("50")} ms, p99 '
@@ -440,7 +450,7 @@ def _main(args, run_dir: Path, work_dir: Path) -> int:
             for _ in range(10):   # warm-up of every kind
                 for kind in KINDS:
                     changes.make(kind)
-            management_calls(changes, KINDS, args.samples, args.rounds, args.workers, write, 'mgmt')
+            management_calls(changes, KINDS, args.samples, args.rounds, args.workers, write, 'mgmt', target.pids[0])
         finally:
             changes.close()
         for r in range(args.dp_rounds):
@@ -455,7 +465,7 @@ def _main(args, run_dir: Path, work_dir: Path) -> int:
             try:
                 for kind in KINDS:
                     changes.make(kind)
-                management_calls(changes, KINDS, args.scale_samples, 2, workers, write, 'scale')
+                management_calls(changes, KINDS, args.scale_samples, 2, workers, write, 'scale', target.pids[0])
             finally:
                 changes.close()
             write({'step': 'rss', 'workers': workers, 'rss_kb': {'keys+queries': rss_kb(pids)}, 'ok': True})
