@@ -8,7 +8,8 @@ Protocol (every key shares the ``{fleet}`` hash tag, so it runs on Redis Cluster
 2. The management call ``PUBLISH``es G on ``gw:{fleet}:invalidate`` and then waits until
    every live worker has acknowledged a generation >= G, or until that worker's freshness
    lease has run out, whichever is first (bounded by ``GATEWAY_SYNC_TIMEOUT_MS``).
-3. Each worker's bus thread receives G, reloads its catalog from the store, and writes
+3. Each worker's bus thread receives G, applies the changes logged since its own
+   generation (``gateway.model.catalog.refresh``: only the changed rows), and writes
    its ack (``HSET gw:{fleet}:acks <worker> G``).
 4. Every ``GATEWAY_BUS_PING_MS`` the thread writes its heartbeat (``alive``: Redis time +
    lease) and sends ``PING`` on its subscription. The pong renews the worker's local
@@ -20,7 +21,8 @@ Protocol (every key shares the ``{fleet}`` hash tag, so it runs on Redis Cluster
    trusting its catalog: each request checks the store's generation first (see
    ``gateway.model.state``) until the bus is back. So step 2 may stop waiting for a worker whose
    heartbeat expired: that worker is already checking the store.
-6. Every (re)connect does a full reload before the lease is renewed. A subscription that
+6. Every (re)connect refreshes the catalog before the lease is renewed (the store's change
+   log covers what was missed; a full load where it does not reach back that far). A subscription that
    ends or is confirmed a second time (the connection was re-established under it, e.g. by a
    failover) counts as a reconnect.
 
@@ -144,7 +146,8 @@ class RedisBus:
         try:
             self._link.subscribe(pubsub, CHANNEL)
             subscribed = False
-            # Full reload on every (re)connect: anything published while away is covered.
+            # A refresh on every (re)connect: anything published while away is covered (the
+            # store's change log, or a full load when the log does not reach back that far).
             self._acknowledge(holder.reload())
             if not self.connected:
                 log.info("bus: connected, catalog at generation %d", holder.catalog.generation)
