@@ -25,6 +25,7 @@ from urllib.parse import quote
 
 import redis
 from redis.cluster import RedisCluster, key_slot
+from redis.sentinel import Sentinel
 
 from fleet.local import find_redis_server
 from helpers.procs import wait_gone
@@ -298,6 +299,11 @@ class SentinelGroup:
     def stop(self) -> None:
         for node in self.sentinels + self.servers:
             node.stop()
+
+    def client(self):
+        """A client of the master the sentinels name (followed through failovers)."""
+        sentinel = Sentinel([("127.0.0.1", s.port) for s in self.sentinels], socket_timeout=2)
+        return sentinel.master_for(self.NAME, password=self.password, socket_timeout=2, socket_connect_timeout=2)
 
     def sentinel_master(self) -> RedisNode:
         """The master the sentinels announce now."""
