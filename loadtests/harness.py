@@ -72,7 +72,8 @@ class Block:
             probe.start()
         result = wrk.run(target.url('/health' if health else '/'), connections=connections, duration_s=duration_s,
                          script=wrk.HEALTH if health else wrk.RANDOM_AID, env=None if health else env,
-                         cpu=self.args.load_cpu, timeout_s=self.args.wrk_timeout)
+                         cpu=self.args.load_cpu, timeout_s=self.args.wrk_timeout,
+                         threads=getattr(self.args, 'wrk_threads', 1))
         target_cpu = cpu_target.stop()
         pg_cpu = cpu_pg.stop() if cpu_pg else None
         machine_cpu = cpu_machine.stop()

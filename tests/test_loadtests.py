@@ -9,6 +9,7 @@ import ast
 import csv
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -151,6 +152,72 @@ def test_wrk_checks_every_body_it_is_answered(lie, found):
         assert problems == [] and result.bodies["bad_body"] == result.bodies["unasked"] == 0, result.bodies
     else:
         assert result.bodies[found] > 0 and any(found in p for p in problems), (result.bodies, problems)
+
+
+# --- the offline bundle: a machine without PostgreSQL, Redis or wrk ----------------------------
+
+@pytest.mark.slow
+def test_offline_bundle_runs_its_own_servers(tmp_path):
+    """The carried PostgreSQL, redis-server and wrk start from the bundle alone: the system's are
+    off PATH, each carried binary finds every library it loads inside the bundle (the C library
+    aside), and PostgreSQL finds its share/ and lib/ relative to where it was unpacked."""
+    from fleet.local import LocalPostgres
+    from helpers.services import env_port
+    from helpers.util import wait_until
+    out = tmp_path / "offline"
+    packed = subprocess.run([sys.executable, "-m", "loadtests.offline", "pack", "--no-wheels", "--no-compress",
+                             "--out", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert packed.returncode == 0, packed.stdout[-2000:] + packed.stderr[-2000:]
+    bundle = out / "bundle"
+    moved = tmp_path / "elsewhere"
+    shutil.move(str(bundle), str(moved))     # it must not depend on where it was made
+    os.chmod(tmp_path, 0o755)
+    libs = moved / "lib"
+    real = [p for p in moved.rglob("*.bin")] + list((moved / "bin" / "real").iterdir())
+    assert {p.name for p in real} >= {"postgres.bin", "initdb.bin", "pg_ctl.bin", "redis-server", "wrk"}
+    for binary in real:
+        ldd = subprocess.run(["ldd", str(binary)], capture_output=True, text=True,
+                             env={"LD_LIBRARY_PATH": str(libs)}).stdout
+        assert "not found" not in ldd, ldd
+        outside = [line for line in ldd.splitlines() if "=> /" in line and str(libs) not in line
+                   and not re.search(r"\b(libc|libm|libpthread|libdl|librt|libresolv)\.so", line)]
+        assert outside == [], (binary, outside)
+    pg_bin = next(moved.rglob("initdb")).parent
+    path = f"{pg_bin}:{moved / 'bin'}:/usr/bin:/bin:/usr/sbin:/sbin"
+    version = subprocess.run(["wrk", "--version"], capture_output=True, text=True, env={"PATH": path})
+    assert "wrk" in version.stdout + version.stderr
+    assert shutil.which("redis-server", path=path) == str(moved / "bin" / "redis-server")
+    redis_port = env_port("GATEWAY_TEST_OFFLINE_REDIS_PORT", default=63849)
+    redis = subprocess.Popen(["redis-server", "--port", str(redis_port), "--bind", "127.0.0.1", "--save", ""],
+                             env={"PATH": path}, stdout=subprocess.DEVNULL)
+    try:
+        import redis as redis_client
+        client = redis_client.Redis(port=redis_port)
+
+        def answers():
+            try:
+                return client.ping()
+            except redis_client.ConnectionError:
+                return False
+        wait_until(answers, 10, 0.1, "the carried redis-server")
+        assert client.info()["executable"].startswith(str(moved))
+    finally:
+        redis.terminate()
+        redis.wait(10)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("PATH", path)
+        pg = LocalPostgres(tmp_path / "pg-home", env_port("GATEWAY_TEST_OFFLINE_PG_PORT", default=54449))
+        assert str(pg.bindir).startswith(str(moved))
+        pg.start()
+        try:
+            import psycopg2
+            with psycopg2.connect(pg.url()) as conn, conn.cursor() as cur:
+                cur.execute("SELECT setting FROM pg_settings WHERE name = 'data_directory'")
+                assert cur.fetchone()[0].startswith(str(tmp_path / "pg-home"))
+                cur.execute("SELECT 'a'::text COLLATE \"und-x-icu\" < 'b'")   # ICU, from the carried libraries
+                assert cur.fetchone()[0] is True
+        finally:
+            pg.stop()
 
 
 # --- the house: imports and raw data ---------------------------------------------------------

@@ -61,7 +61,8 @@ def render(meta: dict, runs: list[dict], images: list[Path] | None = None) -> st
     out = [f'# Block `scaleout`: {meta.get("started_at", "?")}', '']
     if meta.get('finished_at') is None:
         out += ['**Incomplete: the block did not finish**; the numbers below are what it recorded.', '']
-    out += [f'- Method: {rounds_done} round(s) per cell, {settings.get("grouping", "")}; wrk `-t1 -c '
+    out += [f'- Method: {rounds_done} round(s) per cell, {settings.get("grouping", "")}; wrk '
+            f'`-t{settings.get("wrk_threads", 1)} -c '
             f'{settings.get("conns_per_worker", 32)}×w -d {settings.get("duration_s")}s`, closed loop, GET '
             f'/q/account?aid=<random 1..{settings.get("max_id", 0):,}>; a {settings.get("warmup_s")} s warm-up per '
             f'server; /health floors on the 1-worker servers before and after.',

@@ -308,6 +308,9 @@ def parse_args(argv=None):
     parser.add_argument('--floor-connections', type=int, default=32)
     parser.add_argument('--max-id', type=int, default=1_000_000)
     parser.add_argument('--wrk-timeout', type=float, default=None)
+    parser.add_argument('--wrk-threads', type=int, default=1,
+                        help='wrk threads (default 1; give one per load core on a big machine: a thread checks '
+                             'every body it reads)')
     parser.add_argument('--gateway-cpus', default=None,
                         help='the cores workers take, in order (w workers get the first w); default: the cores wrk '
                              'and PostgreSQL do not use first, then the shared ones')
@@ -404,7 +407,8 @@ def _main(args, run_dir: Path, work_dir: Path) -> int:
         'block': BLOCK, 'started_at': now_iso(), 'finished_at': None,
         'command': ' '.join(shlex.quote(a) for a in [sys.executable, '-m', 'loadtests.bench', 'scaleout', *args.argv]),
         'settings': {'rounds': args.rounds, 'duration_s': args.duration, 'worker_counts': counts,
-                     'conns_per_worker': args.conns_per_worker, 'warmup_s': args.warmup,
+                     'conns_per_worker': args.conns_per_worker, 'wrk_threads': args.wrk_threads,
+                     'warmup_s': args.warmup,
                      'warmup_connections': WARMUP_CONNECTIONS, 'floor_s': args.floor_duration,
                      'floor_connections': args.floor_connections, 'max_id': args.max_id, 'targets': args.targets,
                      'load_cpu': args.load_cpu, 'pg_cpu': args.pg_cpu, 'gateway_cpu_order': order,
