@@ -34,10 +34,10 @@ def ports_for(settings: Settings, sync: Sync | None = None) -> Ports:
     events = RedisEvents(settings.redis_url, settings.events_maxlen, settings.events_max_streams,
                          worker_name()) if settings.events else None
     # The response cache's purge bus, and its shared tier when GATEWAY_CACHE_SHARED=on.
-    cache_sync = RedisCacheSync(settings.redis_url, settings.freshness_lease_ms, settings.bus_ping_ms,
-                                settings.sync_timeout_ms)
     cache_shared = RedisSharedTier(settings.redis_url, mac_key(settings.secret_key)) \
         if settings.cache_shared == "on" else None
+    cache_sync = RedisCacheSync(settings.redis_url, settings.freshness_lease_ms, settings.bus_ping_ms,
+                                settings.sync_timeout_ms, cache_shared)
     return Ports(sync=sync, admission=admission, events=events, cache_sync=cache_sync, cache_shared=cache_shared)
 
 

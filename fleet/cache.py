@@ -102,12 +102,19 @@ class RedisSharedTier:
         self._purge = self._redis.register_script(_PURGE)
         self.fills = 0
         self.errors = 0
+        self._down_until = 0.0    # after an error, Redis is not asked for a second: a miss costs no timeout
+
+    def _failed(self) -> None:
+        self.errors += 1
+        self._down_until = time.monotonic() + 1.0
 
     def get(self, digest: str) -> tuple[Entry | None, object | None]:
+        if time.monotonic() < self._down_until:
+            return None, None
         try:
             raw, gen = self._redis.mget(PREFIX + "e:" + digest, GEN)   # bytes (no decode_responses)
         except redis.RedisError:
-            self.errors += 1
+            self._failed()
             return None, None
         token = gen or b"0"
         if raw is None:
@@ -129,7 +136,7 @@ class RedisSharedTier:
             args: list = [PREFIX, token, entry.digest, seal(entry, self._secret), ttl_ms, *indexes]
             self._put(keys=[GEN, INDEXES], args=args)
         except redis.RedisError:
-            self.errors += 1
+            self._failed()
 
     def purge(self, purge: Purge) -> None:
         """Raises ``redis.RedisError`` when Redis cannot be reached (the caller decides)."""
@@ -162,8 +169,11 @@ class RedisSharedTier:
 class RedisCacheSync:
     """Both sides of the purge bus: ``start`` runs the worker's thread, ``announce`` purges."""
 
-    def __init__(self, url: str, lease_ms: int, ping_ms: int, sync_timeout_ms: int) -> None:
+    def __init__(self, url: str, lease_ms: int, ping_ms: int, sync_timeout_ms: int,
+                 shared: RedisSharedTier | None = None) -> None:
         self._url = url
+        self._shared = shared
+        self._served = False
         self._lease_s = lease_ms / 1000
         self._ping_s = ping_ms / 1000
         self._sync_timeout_s = sync_timeout_ms / 1000
@@ -211,6 +221,10 @@ class RedisCacheSync:
             # Subscribed: whatever is published from now on arrives. Anything before may have
             # been missed while away, so memory starts empty, and everything up to now is acknowledged.
             memory.clear()
+            if self._served and self._shared is not None:
+                # Back after an outage: a purge made meanwhile could not reach the shared tier.
+                self._shared.purge({"op": "all"})
+            self._served = True
             self._acknowledge(int(self._redis.get(SEQ) or 0))
             self.connected = True
             ping_sent: float | None

@@ -41,6 +41,7 @@ from .pipeline import Pipeline
 from .ports import Admission, AdmitAll, Events, LocalSync, Sync
 from .settings import Settings
 from .store.history import HistoryWriter
+from .store.purges import PurgeCounter
 from .store.schema import migrate
 from .store.spool import Spool, spool_folder
 
@@ -146,7 +147,7 @@ def build_app(settings: Settings, ports: Ports | None = None) -> GatewayApp:
                        "pool_sessions": pools.open_sessions, "fallbacks": lambda: admission.fallbacks,
                        "bus_connected": lambda: sync.connected})
     history.add_observer(metrics)
-    cache = ResponseCache(settings, ports.cache_sync, ports.cache_shared, worker_name())
+    cache = ResponseCache(settings, ports.cache_sync, ports.cache_shared, worker_name(), purges=PurgeCounter(connect))
     history.add_observer(CacheMetrics(cache, metrics.registry))
     if settings.access_log:
         history.add_observer(AccessLog(settings.access_log_sample))

@@ -37,7 +37,7 @@ def matches(purge: Purge) -> Callable[[Entry], bool]:
 
 
 class MemoryCache:
-    __slots__ = ("max_bytes", "max_entry", "bytes", "epoch", "evictions", "_entries", "_lock", "_clock")
+    __slots__ = ("max_bytes", "max_entry", "bytes", "epoch", "evictions", "stamp", "_entries", "_lock", "_clock")
 
     def __init__(self, max_bytes: int, clock: Clock = time.monotonic) -> None:
         self.max_bytes = max_bytes
@@ -45,6 +45,9 @@ class MemoryCache:
         self.bytes = 0
         self.epoch = 0
         self.evictions = 0
+        # The store's purge counter this memory is known to be consistent with (None: unknown),
+        # for a worker that cannot hear the bus (see ``ResponseCache``).
+        self.stamp: int | None = None
         self._entries: collections.OrderedDict[str, Entry] = collections.OrderedDict()
         self._lock = threading.Lock()
         self._clock = clock
@@ -97,7 +100,10 @@ class MemoryCache:
                 self._drop(digest)
         return len(gone)
 
-    def clear(self) -> int:
+    def clear(self, stamp: int | None = None) -> int:
+        """Empty; consistent with the store's purge counter ``stamp`` from now on (None: unknown)."""
+        with self._lock:
+            self.stamp = stamp
         return self.apply({"op": "all"})
 
     def entries(self) -> Iterable[Entry]:

@@ -18,8 +18,9 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
+from ..errors import unavailable
 from ..ports import Clock
 from . import keys
 from .entry import Entry, encode_rows
@@ -35,6 +36,16 @@ if TYPE_CHECKING:
 log = logging.getLogger("gateway.cache")
 
 
+class Purges(Protocol):
+    """The store's purge counter (``gateway.store.purges.PurgeCounter``)."""
+
+    def bump(self) -> int: ...
+
+    def read(self) -> int: ...
+
+    def close(self) -> None: ...
+
+
 class _Flight:
     __slots__ = ("done", "entry")
 
@@ -45,16 +56,18 @@ class _Flight:
 
 class ResponseCache:
     __slots__ = ("memory", "hits", "misses", "bypasses", "shared_fills", "write_purges", "failed_purges",
-                 "_sync", "_shared", "_worker", "_clock", "_wall", "_flights", "_lock", "_follow_s",
+                 "_sync", "_shared", "_purges", "_worker", "_clock", "_wall", "_flights", "_lock", "_follow_s",
                  "_write_wait_s", "_readers")
 
     def __init__(self, settings: Settings, sync: CacheSync | None = None, shared: SharedTier | None = None,
-                 worker: str = "", clock: Clock = time.monotonic, wall: Clock = time.time) -> None:
+                 worker: str = "", clock: Clock = time.monotonic, wall: Clock = time.time,
+                 purges: Purges | None = None) -> None:
         self.memory = MemoryCache(settings.cache_max_bytes, clock)
         self.hits = self.misses = self.bypasses = self.shared_fills = 0
         self.write_purges = self.failed_purges = 0
         self._sync = sync or LocalCacheSync()
         self._shared = shared or NoSharedTier()
+        self._purges = purges
         self._worker = worker
         self._clock = clock
         self._wall = wall
@@ -70,13 +83,15 @@ class ResponseCache:
 
     def close(self) -> None:
         self._sync.close()
+        if self._purges is not None:
+            self._purges.close()
 
     # --- the data plane ----------------------------------------------------------------------
     def answer(self, qv: QueryVersion, bound: Sequence, page: int, size: int, compute: Callable[[], Result],
                bypass: bool) -> tuple[Entry, str]:
         """The entry for this call and how it was found: ``hit``, ``miss`` or ``bypass``."""
         digest = keys.digest(qv, bound, page, size)
-        fresh = self._sync.fresh()
+        fresh = self._sync.fresh() or self._confirmed()
         if bypass:
             self.bypasses += 1
             return self._fill(digest, qv, compute, fresh, shared=False)[0], "bypass"   # not a miss
@@ -103,6 +118,21 @@ class ResponseCache:
             with self._lock:
                 self._flights.pop(digest, None)
             flight.done.set()
+
+    def _confirmed(self) -> bool:
+        """Away from the bus: memory may serve only while the store's purge counter has not
+        moved since it was emptied (a purge this worker did not hear bumped it). One small
+        read per cacheable call, while the bus is away."""
+        if self._purges is None:
+            return False
+        try:
+            counter = self._purges.read()
+        except Exception:   # the store is away too: the database answers (or refuses) the call
+            return False
+        memory = self.memory
+        if memory.stamp != counter:
+            memory.clear(counter)
+        return True
 
     def _fill(self, digest: str, qv: QueryVersion, compute: Callable[[], Result], fresh: bool,
               shared: bool) -> tuple[Entry, str]:
@@ -148,7 +178,7 @@ class ResponseCache:
             return None
         self.write_purges += 1
         try:
-            return self.purge(purge, self._write_wait_s)
+            return self.purge(purge, self._write_wait_s, strict=False)
         except Exception:   # the write committed: it is answered; the lease bounds what a worker serves
             self.failed_purges += 1
             log.exception("cache: the invalidation of a write failed")
@@ -173,13 +203,28 @@ class ResponseCache:
         return reading
 
     # --- the control plane -------------------------------------------------------------------
-    def purge(self, purge: Purge, timeout_s: float | None = None) -> dict:
-        """Drop what ``purge`` names in the shared tier, then on every worker; returns once every
-        live worker has (see ``CacheSync.announce``)."""
+    def purge(self, purge: Purge, timeout_s: float | None = None, strict: bool = True) -> dict:
+        """Bump the store's purge counter (for workers away from the bus), drop what ``purge``
+        names in the shared tier, then on every worker; returns once every live worker has (see
+        ``CacheSync.announce``). ``strict``: a counter that cannot be bumped fails the purge
+        (503); a write's purge goes on without it."""
         started = time.monotonic()
-        self._shared.purge(purge)
+        if self._purges is not None:
+            try:
+                self._purges.bump()
+            except Exception:
+                if strict:
+                    raise unavailable("store_unavailable", "the gateway's store cannot be reached") from None
+                self.failed_purges += 1
+        shared_ok = True
+        try:
+            self._shared.purge(purge)
+        except Exception:   # Redis away: so is the bus; every worker's reconnect empties the shared tier
+            shared_ok = False
         self.memory.apply(purge)     # this worker at once, whatever the bus's timing
         reply = dict(self._sync.announce(purge, timeout_s))
+        if not shared_ok:
+            reply["shared"] = "unreachable"
         reply["waited_ms"] = round((time.monotonic() - started) * 1000, 3)
         return reply
 

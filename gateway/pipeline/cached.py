@@ -39,6 +39,16 @@ def send_cached(resp: falcon.Response, args: CallArgs, size: int, plan: CallPlan
     return rows, 200
 
 
+def purge_summary(reply: dict) -> str:
+    """``X-Cache-Invalidated`` on a write that dropped cached answers: the workers that
+    acknowledged, those still pending when it answered, and the milliseconds it waited."""
+    pending = reply.get("pending") or ()
+    workers = reply.get("workers")
+    acked = "?" if workers is None else str(max(0, workers - len(pending)))
+    state = "degraded" if reply.get("degraded") else f"pending={len(pending)}"
+    return f"acked={acked}; {state}; ms={reply.get('waited_ms', 0):.1f}"
+
+
 def _matches(header: str, etag: str) -> bool:
     if header.strip() == "*":
         return True

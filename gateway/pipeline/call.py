@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from ..errors import GatewayError
 from ..execution import runner
 from .args import CallArgs, lower_timeout
-from .cached import send_cached
+from .cached import purge_summary, send_cached
 from .identify import identify
 from .plans import plan_for
 from .shape import send_page, send_stream
@@ -114,7 +114,9 @@ class Pipeline:
                     result = call.page(pool, subject, bound, size, args.page, timeout_ms)
                     rows = send_page(resp, args, size, plan, result, write)
                     if write and cache is not None:   # before the write is answered (see gateway.cache)
-                        cache.written(catalog, call.connection, subject.analysis)  # type: ignore[arg-type]
+                        purged = cache.written(catalog, call.connection, subject.analysis)  # type: ignore[arg-type]
+                        if purged is not None:
+                            resp.set_header("X-Cache-Invalidated", purge_summary(purged))
             for header, value in limits:
                 resp.set_header(header, value)
             if rows:

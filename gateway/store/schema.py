@@ -132,6 +132,16 @@ MIGRATIONS: list[str] = [
     ALTER TABLE gw_queries ADD COLUMN cache_ttl integer;
     ALTER TABLE gw_query_versions ADD COLUMN cache_ttl integer;
     """,
+    # 6: the cache's purge counter (gateway.store.purges): every purge and every write that
+    # invalidates bumps it, so a worker that cannot hear the cache's bus checks it before
+    # serving from memory (the catalog's rule, for the cache).
+    """
+    CREATE TABLE gw_cache_state (
+        id      integer PRIMARY KEY DEFAULT 1 CHECK (id = 1),
+        purges  bigint NOT NULL
+    );
+    INSERT INTO gw_cache_state (id, purges) VALUES (1, 0);
+    """,
 ]
 
 _LOCK_ID = 0x6777_6669  # "gwfi": any constant shared by every process of the fleet

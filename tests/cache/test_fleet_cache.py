@@ -97,7 +97,7 @@ def test_a_write_through_the_gateway_reaches_every_worker_before_it_is_answered(
     read = api.query(f"SELECT v FROM {table} WHERE id = 1", connection=connection, cache_ttl=600)
     write = api.query(f"UPDATE {table} SET v = :v WHERE id = 1", {"v": {"type": "int"}}, connection=connection)
     secret = api.key([read, write], [connection], allow_writes=True)
-    answered, write_ms = [], []
+    answered, write_ms, purges = [], [], []
     with _loaded(master, f"/q/{read}", secret) as load:
         for value in range(1, 101):
             time.sleep(0.02)
@@ -106,13 +106,25 @@ def test_a_write_through_the_gateway_reaches_every_worker_before_it_is_answered(
             assert reply.status == 200 and reply.headers["X-Rows-Affected"] == "1", reply
             answered.append((time.monotonic(), value))
             write_ms.append((time.monotonic() - sent) * 1000)
+            invalidated = dict(part.strip().split("=") for part in reply.headers["X-Cache-Invalidated"].split(";"))
+            purges.append(invalidated)
         time.sleep(0.2)
     calls = load.calls
     assert statuses(calls) == {(200, None): len(calls)}, statuses(calls)
     stale = [(c.started, c.body, f) for c in calls
              if c.body[0]["v"] < (f := max((v for at, v in answered if at <= c.started), default=0))]
     write_ms.sort()
-    print(f"writes: p50 {write_ms[50]:.1f} ms, max {write_ms[-1]:.1f} ms; reads {len(calls)}")
+    waited = sorted(float(p["ms"]) for p in purges)
+    late = [p for p in purges if p.get("pending") != "0"]
+    print(f"writes: p50 {write_ms[50]:.1f} ms, max {write_ms[-1]:.1f} ms; invalidation waited p50 {waited[50]:.1f} "
+          f"ms, p99 {waited[98]:.1f} ms, max {waited[-1]:.1f} ms; {len(late)} of 100 answered with a worker pending; "
+          f"reads {len(calls)}")
+    # Each write was acknowledged by the live workers (the master's, and the test's own app on the same
+    # Redis) before it answered, except when that took longer than GATEWAY_CACHE_WRITE_WAIT_MS (100 ms):
+    # then the late worker dropped the entries within (its ack time - 100 ms) after the answer. On this
+    # 2-core machine under the load above that happens to a few writes in a hundred.
+    assert all(int(p["acked"]) + int(p["pending"]) >= WORKERS for p in purges), purges[:3]
+    assert len(late) <= 10, late
     assert len(calls) > 300 and not stale, (len(calls), stale[:5])
 
 
