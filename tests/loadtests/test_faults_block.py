@@ -35,6 +35,16 @@ def test_recovery_is_the_first_clean_second_after_the_last_failure():
     # no answer at all for 1.5 s is not a recovered second either
     stalled = [c for c in ok_every_10ms if not 0.0 <= c.ended - t0 <= 1.5]
     assert calls.recovery(stalled, t0, t0 + 6) == pytest.approx(1.5, abs=0.011)
+    # what the block reports: the first clean second after the last failure or stall
+    assert calls.recovered_after(ok_every_10ms, t0, t0 + 6) == 0.0
+    assert calls.recovered_after(broken, t0, t0 + 6) == pytest.approx(3.2, abs=0.011)
+    assert calls.recovered_after(stalled, t0, t0 + 6) == pytest.approx(1.5, abs=0.011)
+    # a stall after a clean start (a reload that holds every client) is not hidden by the clean start
+    mid_stall = [c for c in ok_every_10ms if not 2.0 < c.ended - t0 < 3.5]
+    assert calls.recovery(mid_stall, t0, t0 + 6) == 0.0
+    assert calls.recovered_after(mid_stall, t0, t0 + 6) == pytest.approx(3.5, abs=0.011)
+    # a stall still going on when the observation ends: not recovered
+    assert calls.recovered_after([c for c in ok_every_10ms if c.ended - t0 < 4.5], t0, t0 + 6) is None
     # never clean within the observation
     assert calls.recovery([call(t0, t0 + i / 10, good=False) for i in range(1, 40)], t0, t0 + 4) is None
 

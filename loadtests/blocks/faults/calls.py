@@ -122,6 +122,30 @@ def recovery(calls: list[Call], t0: float, end: float, hold_s: float = HOLD_S) -
     return None
 
 
+def last_disturbance(calls: list[Call], t0: float, end: float, hold_s: float = HOLD_S) -> float | None:
+    """The last moment in [t0, end] that clients saw something wrong: the end of the last failed call, or the first
+    answer after a stretch of `hold_s` or more without any (a stall); None when there was neither. A stall still
+    going on at `end` counts up to `end`."""
+    ends = sorted(c.ended for c in calls if t0 <= c.ended <= end)
+    worst = max((c.ended for c in calls if t0 <= c.ended <= end and not c.good), default=None)
+    previous = t0
+    for e in [*ends, end]:
+        if e - previous >= hold_s:
+            worst = e if worst is None else max(worst, e)
+        previous = e
+    return worst
+
+
+def recovered_after(calls: list[Call], t0: float, end: float, hold_s: float = HOLD_S) -> float | None:
+    """Seconds from `t0` to the first `hold_s` of checked 200s after the last disturbance (last_disturbance); 0.0
+    when clients saw nothing wrong; None when it did not happen before `end`."""
+    last = last_disturbance(calls, t0, end, hold_s)
+    if last is None:
+        return 0.0
+    clean = recovery(calls, last, end, hold_s)
+    return None if clean is None else round(last - t0 + clean, 3)
+
+
 def failure_span(calls: list[Call], start: float, end: float) -> tuple[float, float] | None:
     """(first, last) end of a failed call in [start, end], relative to `start`; None when none failed."""
     bad = [c.ended for c in calls if start <= c.ended <= end and not c.good]

@@ -67,16 +67,18 @@ def render(meta: dict, runs: list[dict], raw: str | None = None) -> str:
             f'Calls: every call of the fault\'s load ({settings.get("quiet_s", "?")} s before the fault and the '
             'observation after it). Not 2xx: status and the body\'s `code` (`-`: none, e.g. nginx\'s own 502). '
             f'Recovery: from the fault to the start of the first {settings.get("hold_s", 1)} s in which every call '
-            'was a checked 200, after the last failed call (`>N`: none within the observation). Fault lasted: from '
+            'was a checked 200, after the last failed call or the last second or more without any answer (a stall; `>N`: '
+            'no such second within the observation). Fault lasted: from '
             'the fault until the server answered again, the worker was replaced or the reload done (a killed master: '
             'until it was back, or 10 s). Window: from the '
             'fault until it was over (server back, worker replaced, reload done) or recovered, plus one second; '
             'latency is per call, from sending it (connect included) to its last byte. Lost: 2xx answers whose '
-            'request id never reached the store\'s run history.', '']
+            'request id never reached the store\'s run history. Other work: CPU the rest of the machine (not the fleet, '
+            'PostgreSQL, Redis, the harness or its load) used while the fault\'s load ran, in cores.', '']
     out += table_head(['Fault', 'Calls', 'Not 2xx', 'Conn errors', 'Wrong bodies', '500s', 'Fault lasted s',
                        'Recovery s',
                        'Window p99 ms', 'Window max ms', 'Longest gap ms', 'Baseline p99 ms', 'History lost',
-                       'Mgmt after'])
+                       'Mgmt after', 'Other work, cores'])
     for r in faults:
         every, window = r['all'], r['window']
         base = r.get('baseline') or {}
@@ -94,7 +96,8 @@ def render(meta: dict, runs: list[dict], raw: str | None = None) -> str:
                    f'{_counts(every["connection_errors"])} | {_bold(every["wrong_bodies"])} | '
                    f'{_bold(every["status_500"])} | {lasted} | {rec} | {_ms(window["latency_ms"]["99"])} | '
                    f'{_ms(window["latency_ms"]["max"])} | {_ms(window["longest_gap_ms"])} | '
-                   f'{_ms((base.get("latency_ms") or {}).get("99"))} | {_lost(r["history"])} | {mgmt_text} |')
+                   f'{_ms((base.get("latency_ms") or {}).get("99"))} | {_lost(r["history"])} | {mgmt_text} | '
+                   f'{(r.get("machine") or {}).get("other_cores", "-")} |')
     out.append('')
     quota = [r for r in faults if r.get('quota')]
     if quota:
@@ -125,7 +128,7 @@ def render(meta: dict, runs: list[dict], raw: str | None = None) -> str:
         span = r.get('failure_span_s')
         out.append(f'- Failed calls: {"none" if not span else f"from {span[0]:.2f} s to {span[1]:.2f} s after the fault"}'
                    f'; first clean {settings.get("hold_s", 1)} s from {_s(r.get("first_clean_s"))} after the fault; '
-                   f'recovered (no failure after) {_s(r.get("recovery_s"))}.')
+                   f'recovered (no failure or stall after) {_s(r.get("recovery_s"))}.')
         out.append(f'- All calls: {_counts(every["outcomes"])}; {every["rps"]} calls/s.')
         base = r.get('baseline')
         if base:
@@ -141,6 +144,12 @@ def render(meta: dict, runs: list[dict], raw: str | None = None) -> str:
                    f'store; {h["lost_2xx"]} 2xx answers missing ({h["lost_any"]} of all {h["answered_any"]:,} answers '
                    f'with a request id)' + (f'; last read failed: {h["error"]}' if h.get('error') else '') + '.')
         out.append(f'- Management calls after the load stopped: {", ".join(r.get("management_after") or [])}.')
+        m = r.get('machine')
+        if m:
+            out.append(f'- The machine while the load ran: {m["machine_busy_cores"]} of {m["cpus"]} CPUs busy, '
+                       f'{m["block_cores"]} of them this block (fleet, PostgreSQL, Redis, harness; the load generator alone '
+                       f'{m["load_generator_cores"]}), {m["other_cores"]} other work; load average '
+                       f'{m["loadavg_1m"][0]} -> {m["loadavg_1m"][1]}.')
         if r.get('logged'):
             out.append('- Logged by the masters and workers while the load ran: '
                        + ', '.join(f'{n} {level} lines' for level, n in r['logged'].items()) + '.')

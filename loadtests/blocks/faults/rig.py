@@ -76,6 +76,13 @@ class Rig:
             return None
         return pid if running(pid) else None
 
+    def nginx(self) -> int | None:
+        try:
+            pid = int((self.home / 'run' / 'nginx.pid').read_text().strip())
+        except (OSError, ValueError):
+            return None
+        return pid if running(pid) else None
+
     def worker_pids(self, i: int) -> list[int]:
         master = self.master(i)
         return [] if master is None else [p for p in system.process_tree(master) if p != master]

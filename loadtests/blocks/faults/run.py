@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shlex
 import signal
 import subprocess
@@ -248,6 +249,67 @@ class Logs:
         return out
 
 
+class Contention:
+    """How busy the machine was while a fault's load ran, and how much of that was not this block. The block's
+    processes - the fleet (masters, workers, nginx), PostgreSQL, Redis, this harness and its load generator - are
+    found as process
+    trees every 0.2 s and each one's CPU counted up to the last time it was seen, so a worker that was replaced or a
+    master that was killed keeps most of its share; the rest of the machine's busy CPU is "other work"."""
+
+    def __init__(self, rig: Rig, load_pid: int):
+        self.rig, self.load_pid = rig, load_pid
+        self.machine = system.MachineMeter()
+        self.first: dict[int, int] = {}
+        self.last: dict[int, int] = {}
+        self.load_pids: set[int] = set()
+        self.loadavg = os.getloadavg()[0]
+        self.started = time.monotonic()
+        self._stop = threading.Event()
+        self.machine.start()
+        self._sample()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _sample(self) -> None:
+        rig = self.rig
+        roots = [rig.master(0), rig.master(1), rig.nginx(), rig.pg._pid(), rig.redis._pid(), os.getpid()]
+        tree = system.process_tree(*[r for r in roots if r])
+        self.load_pids.update(system.process_tree(self.load_pid))
+        for pid in tree:
+            ticks = _ticks(pid)
+            if ticks is not None:
+                self.first.setdefault(pid, ticks)
+                self.last[pid] = ticks
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.2):
+            self._sample()
+
+    def stop(self) -> dict:
+        self._stop.set()
+        self._thread.join(5)
+        self._sample()
+        wall = time.monotonic() - self.started
+        machine = self.machine.stop()
+        used = {pid: (self.last[pid] - self.first[pid]) / system.CLK_TCK for pid in self.last}
+        ours = sum(used.values())
+        load = sum(v for pid, v in used.items() if pid in self.load_pids)
+        return {'cpus': os.cpu_count(), 'machine_busy_cores': round(machine / wall, 2),
+                'block_cores': round(ours / wall, 2), 'other_cores': round(max(0.0, machine - ours) / wall, 2),
+                'load_generator_cores': round(load / wall, 2),
+                'loadavg_1m': [round(self.loadavg, 2), round(os.getloadavg()[0], 2)]}
+
+
+def _ticks(pid: int) -> int | None:
+    """utime + stime of a process (all its threads), in clock ticks; None when it is gone."""
+    try:
+        raw = Path(f'/proc/{pid}/stat').read_text()
+    except OSError:
+        return None
+    fields = raw[raw.rindex(')') + 2:].split()
+    return int(fields[11]) + int(fields[12])
+
+
 def make_key(rig: Rig, name: str, **extra) -> str:
     rig.management('DELETE', f'/api-keys/{name}')
     status, body = rig.management('POST', '/api-keys', {'name': name, 'queries': [QUERY],
@@ -276,6 +338,7 @@ def run_fault(rig: Rig, fault: Fault, secret: str, args, expected: Path, work_di
     logs = Logs(rig)
     load = Load(rig, secret, expected, work_dir / f'calls-{fault.name}.txt', args.clients)
     quota = None
+    contention = Contention(rig, load.proc.pid)
     try:
         started = load.wait_started()
         time.sleep(args.quiet)
@@ -289,11 +352,13 @@ def run_fault(rig: Rig, fault: Fault, secret: str, args, expected: Path, work_di
         if quota is not None:
             quota.join(30)
     finally:
+        machine = contention.stop()
         calls = load.stop()
     stopped = time.monotonic()
     record = analyse(fault, calls, started, t0, done_at, end, args)
     record['facts'] = facts
     record['logged'] = logs.count()
+    record['machine'] = machine
     if quota is not None:
         killed = facts.pop('killed_at')
         record['quota'] = quota.summary(killed, killed + facts['answering_after_s'])
@@ -316,15 +381,13 @@ def observe(load: Load, t0: float, done_at: float, args) -> float:
             return now
         if now - done_at < args.after:
             continue
-        last_bad = max((c.ended for c in calls if c.ended >= t0 and not c.good), default=t0)
-        if now - last_bad >= args.after:
+        last = seen_calls.last_disturbance(calls, t0, now)
+        if now - (last or t0) >= args.after:
             return now
 
 
 def analyse(fault: Fault, calls: list, started: float, t0: float, done_at: float, end: float, args) -> dict:
-    last_bad = max((c.ended for c in calls if c.ended >= t0 and not c.good), default=None)
-    after_bad = seen_calls.recovery(calls, last_bad if last_bad is not None else t0, end)
-    recovery = None if after_bad is None else round((last_bad or t0) - t0 + after_bad, 3)
+    recovery = seen_calls.recovered_after(calls, t0, end)
     window_end = min(end, max(done_at, t0 + (recovery or 0)) + seen_calls.HOLD_S)
     return {
         'block': BLOCK, 'kind': 'fault', 'fault': fault.name, 'what': fault.what, 'started_at': now_iso(),
@@ -417,6 +480,7 @@ def run_recycling(rig: Rig, fault: Fault, secret: str, args, expected: Path, wor
     rig.up()
     logs = Logs(rig)
     load = Load(rig, secret, expected, work_dir / f'calls-{fault.name}.txt', args.clients)
+    contention = Contention(rig, load.proc.pid)
     try:
         started = load.wait_started()
         recycles = Recycles(rig)
@@ -425,8 +489,10 @@ def run_recycling(rig: Rig, fault: Fault, secret: str, args, expected: Path, wor
         end = time.monotonic()
         workers_started = recycles.stop()
     finally:
+        machine = contention.stop()
         calls = load.stop()
     record = analyse(fault, calls, started, t0, end, end, args)
+    record['machine'] = machine
     record['baseline'] = None      # the whole run is the fault
     record['recovery_s'] = None    # nothing to recover from: counted over the whole window
     record['facts'] = {'max_requests': args.max_requests, 'workers_started': workers_started}
