@@ -41,6 +41,7 @@ from .pipeline import Pipeline
 from .ports import Admission, AdmitAll, Events, LocalSync, Sync
 from .settings import Settings
 from .store.history import HistoryWriter
+from .store.pool import WaitingPool
 from .store.purges import PurgeCounter
 from .store.schema import migrate
 from .store.spool import Spool, spool_folder
@@ -138,9 +139,8 @@ def build_app(settings: Settings, ports: Ports | None = None) -> GatewayApp:
     history = HistoryWriter(connect, worker_name(), settings.history_batch, settings.history_flush_ms,
                             settings.history_queue_max, settings.history_retention_days,
                             spool=Spool(spool_root, worker_name()) if spool_root else None)
-    store_pool = psycopg2.pool.ThreadedConnectionPool(1, 4, settings.database_url,
-                                                      connect_timeout=settings.connect_timeout_s,
-                                                      application_name="gateway-fleet-admin")
+    store_pool = WaitingPool(1, 4, settings.database_url, wait_s=settings.connect_timeout_s + 5,
+                             connect_timeout=settings.connect_timeout_s, application_name="gateway-fleet-admin")
     metrics = Metrics({"queue_depth": history.depth, "dropped": lambda: history.dropped,
                        "generation": lambda: holder.catalog.generation, "reloads": lambda: holder.reloads,
                        "full_loads": lambda: holder.full_loads,

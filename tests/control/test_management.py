@@ -283,3 +283,19 @@ def test_a_version_is_analysed_outside_the_write_and_again_if_its_connection_mov
     assert reads == [demo_connection, demo_connection]
     audit = api.manage("GET", "/audit", params={"kind": "query", "name": name}).json["items"]
     assert [a["action"] for a in audit] == ["create"]     # the abandoned try left no trace
+
+
+def test_concurrent_management_calls_wait_for_a_store_connection(gunicorn, services):
+    """More management calls at once than the worker has store connections (4): each waits for
+    one, none answers 503 store_unavailable while the store is up."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from helpers.api import Api
+    admin = Api.over_http(gunicorn.base, services)
+    try:
+        with ThreadPoolExecutor(16) as pool:
+            created = list(pool.map(lambda i: admin.manage("POST", "/api-keys", {"name": unique(f"burst{i}")}),
+                                    range(48)))
+    finally:
+        admin.close()
+    assert [r.status for r in created] == [201] * 48, [(r.status, r.text[:120]) for r in created if r.status != 201]

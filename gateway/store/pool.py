@@ -1,0 +1,36 @@
+"""The store's connection pool for management calls: one that waits for a free connection.
+
+psycopg2's ``ThreadedConnectionPool`` raises "connection pool exhausted" the moment every
+connection is out, which a management call would answer as 503 ``store_unavailable`` while
+the store is fine: five concurrent calls on a worker of eight threads and four store
+connections were enough. Here a caller waits (up to ``wait_s``) for a connection another
+call gives back; the store is only "unavailable" when it does not answer.
+"""
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import psycopg2.pool
+
+
+class WaitingPool(psycopg2.pool.ThreadedConnectionPool):
+    def __init__(self, minconn: int, maxconn: int, *args: Any, wait_s: float = 10.0, **kwargs: Any) -> None:
+        super().__init__(minconn, maxconn, *args, **kwargs)
+        self._free = threading.BoundedSemaphore(maxconn)
+        self._wait_s = wait_s
+
+    def getconn(self, key: Any = None) -> Any:
+        if not self._free.acquire(timeout=self._wait_s):
+            raise psycopg2.pool.PoolError(f"no store connection came free within {self._wait_s:g} s")
+        try:
+            return super().getconn(key)
+        except BaseException:
+            self._free.release()
+            raise
+
+    def putconn(self, conn: Any = None, key: Any = None, close: bool = False) -> None:
+        try:
+            super().putconn(conn, key, close)
+        finally:
+            self._free.release()
