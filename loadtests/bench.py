@@ -109,6 +109,9 @@ def parse_args(argv=None):
     parser.add_argument('--sync-workers', type=int, default=4, help='sync block: GATEWAY_WORKERS (default 4)')
     parser.add_argument('--sync-pause-ms', type=float, default=10,
                         help='sync block: pause between two changes (default 10 ms)')
+    parser.add_argument('--keys', type=int, default=1000, help='limits block: keys (default 1,000)')
+    parser.add_argument('--hot-keys', type=int, default=10,
+                        help='limits block: keys the runs at the limit spread their calls over (default 10)')
     parser.add_argument('--allow-dirty', action='store_true',
                         help='run from a tree with uncommitted changes (a smoke run; such numbers are not a result)')
     parser.add_argument('--out', type=Path, default=rundir.RESULTS,
@@ -127,13 +130,13 @@ def parse_args(argv=None):
     if unknown or not args.targets or len(set(args.targets)) != len(args.targets):
         parser.error(f'--targets: a comma list of {", ".join(KNOWN_TARGETS)}')
     if args.connections is None:
-        args.connections = {'oltp': '32,1', 'admission': '32', 'sync': '8', 'logging': '32'}[args.block]
+        args.connections = {'oltp': '32,1', 'admission': '32', 'sync': '8', 'logging': '32', 'limits': '32'}[args.block]
     args.connections = [int(c) for c in args.connections.split(',')]
     if args.block == 'sync':
         args.targets = ['gateway']
         if any(c < 0 for c in args.connections):
             parser.error('--connections must not be negative')
-    elif args.block in ('admission', 'logging'):
+    elif args.block in ('admission', 'logging', 'limits'):
         args.targets = ['gateway']
     if args.rounds < 1 or args.duration <= 0 or any(c < 1 for c in args.connections if args.block != 'sync'):
         parser.error('--rounds, --duration and --connections must be positive')

@@ -52,8 +52,10 @@ class Block:
         return f'{len(self.failures)} run(s) had errors or wrong bodies, first: {self.failures[0]}'
 
     def measure(self, target: Target, *, kind: str, connections: int, duration_s: float, health: bool = False,
-                probes=(), **tags) -> dict:
-        """One wrk run. `probes`: extra meters with start() and finish(record) -> dict of fields to add."""
+                probes=(), wrk_env: dict | None = None, limited_ok: bool = False, **tags) -> dict:
+        """One wrk run. `probes`: extra meters with start() and finish(record) -> dict of fields to add;
+        `wrk_env`: more settings of the Lua script (on top of the target's own); `limited_ok`: 429s are expected
+        (a load above a rate limit) and do not fail the run."""
         if target.process is not None and target.process.poll() is not None:
             raise TargetError(f'{target.name} has exited ({target.process.returncode}):\n'
                               + targets.log_tail(target.log_path))
@@ -61,7 +63,7 @@ class Block:
         cpu_target = system.CpuMeter(*target.pids)
         cpu_pg = system.CpuMeter(self.pg_root) if self.pg_root else None
         env = {'API_KEY': target.api_key, 'QUERY_PATH': target.query_path, 'PARAM': target.param,
-               'MAX_ID': str(self.args.max_id)}
+               'MAX_ID': str(self.args.max_id), **target.wrk_env, **(wrk_env or {})}
         started_at = now_iso()
         wall = time.monotonic()
         cpu_machine.start()
@@ -78,7 +80,7 @@ class Block:
         pg_cpu = cpu_pg.stop() if cpu_pg else None
         machine_cpu = cpu_machine.stop()
         other_cpu = machine_cpu - (target_cpu or 0) - (pg_cpu or 0) - result.wrk_cpu_s
-        problems = wrk.errors_of(result)
+        problems = wrk.errors_of(result, limited_ok=limited_ok)
         if problems:
             self.failures.append(f'{kind} of {target.name} at {connections} connections: {", ".join(problems)}')
         record = {

@@ -38,6 +38,7 @@ class Target:
     log_path: Path | None = None
     description: str = ''
     info: dict = field(default_factory=dict)  # settings and versions, for the report
+    wrk_env: dict = field(default_factory=dict)  # more settings of wrk/random_aid.lua (KEYS_FILE, CLIENT_IPS)
 
     def url(self, path: str) -> str:
         return self.base_url.rstrip('/') + path

@@ -39,6 +39,7 @@ class WrkResult:
     wrk_cpu_s: float  # user + system CPU of the wrk process
     command: list = field(default_factory=list)
     bodies: dict = field(default_factory=dict)  # checked, bad_body, unasked, check (random_aid.lua)
+    statuses: dict = field(default_factory=dict)  # "200", "429", "other" (random_aid.lua)
     text: str = ''
 
     @property
@@ -78,7 +79,7 @@ def run(url: str, *, connections: int, duration_s: float, script: Path = RANDOM_
     return WrkResult(requests=data['requests'], duration_s=round(duration, 3),
                      rps=data['requests'] / duration if duration else 0.0, latency_us=data['latency_us'],
                      errors=data['errors'], bytes=data['bytes'], wrk_cpu_s=round(wrk_cpu, 3),
-                     command=cmd, text=done.stdout, bodies=data.get('bodies', {}))
+                     command=cmd, text=done.stdout, bodies=data.get('bodies', {}), statuses=data.get('statuses', {}))
 
 
 def parse(stdout: str) -> dict:
@@ -114,11 +115,15 @@ def parse_text(stdout: str) -> dict:
     return out
 
 
-def errors_of(result: WrkResult) -> list[str]:
+def errors_of(result: WrkResult, limited_ok: bool = False) -> list[str]:
     """What is wrong with a run, in words; empty when every request answered 2xx/3xx without a socket error and
-    every checked body held the row its call asked for."""
+    every checked body held the row its call asked for. `limited_ok`: 429s are answers the run expects (a load
+    above a rate limit), any other non-2xx still counts."""
+    errors = dict(result.errors)
+    if limited_ok and errors.get('status'):
+        errors['status'] -= min(errors['status'], result.statuses.get('429', 0))
     problems = [f'{count} {kind}' + (' (non-2xx/3xx responses)' if kind == 'status' else ' errors')
-                for kind, count in result.errors.items() if count]
+                for kind, count in errors.items() if count]
     if result.requests == 0:
         problems.append('no requests completed')
     bodies = result.bodies

@@ -13,7 +13,7 @@ from types import ModuleType
 
 # `python -m loadtests.bench --block NAME`: in bench's frame (the data's PostgreSQL, the block folder, meta.json, the
 # processes to stop at the end): run.run(block, args, work_dir, cleanup, meta, save_meta).
-FRAMED = ('oltp', 'admission', 'sync', 'logging')
+FRAMED = ('oltp', 'admission', 'sync', 'logging', 'limits')
 # `python -m loadtests.bench NAME [ARGS]`: a harness of their own, run.main(argv).
 OWN_CLI = ('scaleout', 'openloop', 'oha', 'faults', 'controlplane')
 NAMES = FRAMED + OWN_CLI

@@ -10,6 +10,11 @@
 --               its aid was asked for by this thread and not yet answered (so no answer is another call's,
 --               repeated, or invented) and its bid is the one pgbench's layout gives it, (aid-1)/100000+1;
 --               "off": bodies are not read (another query, or a pure throughput floor)
+--   KEYS_FILE   a file of API key secrets, one a line: each call takes one of the first KEYS_USED (default all)
+--               at random instead of API_KEY (many keys, each with its own limits: the limits block)
+--   CLIENT_IPS  N > 0: each call comes "from" one of N addresses at random (X-Forwarded-For 10.x.y.z; the
+--               gateway must trust one proxy hop)
+-- Statuses are counted as "200", "429" and "other" (the limits block judges refusals by them).
 -- Wrong bodies are counted as "bad_body" (the row does not match) and "unasked" (an answer for an aid this
 -- thread has no call out for); both must be 0 in a result.
 local api_key = os.getenv("API_KEY") or ""
@@ -18,6 +23,15 @@ local param = os.getenv("PARAM") or "aid"
 local max_id = tonumber(os.getenv("MAX_ID") or "1000000")
 local check_body = (os.getenv("CHECK_BODY") or "account") ~= "off"
 local accounts_per_branch = 100000
+local client_ips = tonumber(os.getenv("CLIENT_IPS") or "0")
+local keys = {}
+local keys_file = os.getenv("KEYS_FILE") or ""
+if keys_file ~= "" then
+  local used = tonumber(os.getenv("KEYS_USED") or "0")
+  for line in io.lines(keys_file) do
+    if line ~= "" and (used == 0 or #keys < used) then keys[#keys + 1] = line end
+  end
+end
 
 local thread_counter = 0
 
@@ -36,17 +50,41 @@ local outstanding = {}
 bad_body = 0
 unasked = 0
 checked = 0
+ok = 0
+limited = 0
+other = 0
+
+local headers = {}
 
 function request()
   local aid = math.random(1, max_id)
   if check_body then
     outstanding[aid] = (outstanding[aid] or 0) + 1
   end
-  return wrk.format("GET", query_path .. sep .. param .. "=" .. aid)
+  if #keys == 0 and client_ips == 0 then
+    return wrk.format("GET", query_path .. sep .. param .. "=" .. aid)
+  end
+  if #keys > 0 then
+    headers["X-API-Key"] = keys[math.random(1, #keys)]
+  end
+  if client_ips > 0 then
+    local n = math.random(0, client_ips - 1)
+    headers["X-Forwarded-For"] = "10." .. math.floor(n / 65536) .. "." .. math.floor(n / 256) % 256 .. "." .. n % 256
+  end
+  return wrk.format("GET", query_path .. sep .. param .. "=" .. aid, headers)
 end
 
-if check_body then
+local function count(status)
+  if status == 200 then ok = ok + 1 elseif status == 429 then limited = limited + 1 else other = other + 1 end
+end
+
+if not check_body then
   function response(status, headers, body)
+    count(status)
+  end
+else
+  function response(status, headers, body)
+    count(status)
     if status ~= 200 then
       return   -- counted by wrk as a status error; its call stays out (the aid is unknown)
     end
@@ -78,11 +116,14 @@ function setup(thread)
 end
 
 function done(summary, latency, requests)
-  local bad, stray, seen = 0, 0, 0
+  local bad, stray, seen, n200, n429, nother = 0, 0, 0, 0, 0, 0
   for _, t in ipairs(threads) do
     bad = bad + (t:get("bad_body") or 0)
     stray = stray + (t:get("unasked") or 0)
     seen = seen + (t:get("checked") or 0)
+    n200 = n200 + (t:get("ok") or 0)
+    n429 = n429 + (t:get("limited") or 0)
+    nother = nother + (t:get("other") or 0)
   end
   local p = {}
   for _, q in ipairs({50, 90, 99, 99.9}) do
@@ -92,9 +133,10 @@ function done(summary, latency, requests)
     'WRKJSON {"requests": %d, "duration_us": %d, "bytes": %d, ' ..
     '"errors": {"connect": %d, "read": %d, "write": %d, "status": %d, "timeout": %d}, ' ..
     '"bodies": {"checked": %d, "bad_body": %d, "unasked": %d, "check": "%s"}, ' ..
+    '"statuses": {"200": %d, "429": %d, "other": %d}, ' ..
     '"latency_us": {"min": %d, "max": %d, "mean": %.1f, "stdev": %.1f, %s}}\n',
     summary.requests, summary.duration, summary.bytes,
     summary.errors.connect, summary.errors.read, summary.errors.write, summary.errors.status,
-    summary.errors.timeout, seen, bad, stray, check_body and "account" or "off",
+    summary.errors.timeout, seen, bad, stray, check_body and "account" or "off", n200, n429, nother,
     latency.min, latency.max, latency.mean, latency.stdev, table.concat(p, ", ")))
 end
