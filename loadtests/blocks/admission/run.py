@@ -23,15 +23,22 @@ class RedisCommands:
     def __init__(self, url: str):
         self.client = redis.Redis.from_url(url, socket_timeout=5)
         self.before: dict = {}
+        self.cpu_before = 0.0
 
     def _snapshot(self) -> dict:
         stats = self.client.info('commandstats')
         return {name.removeprefix('cmdstat_'): int(value['calls']) for name, value in stats.items()}
 
+    def _cpu(self) -> float:
+        cpu = self.client.info('cpu')
+        return float(cpu['used_cpu_user']) + float(cpu['used_cpu_sys'])
+
     def start(self):
         self.before = self._snapshot()
+        self.cpu_before = self._cpu()
 
     def finish(self, record: dict) -> dict:
+        redis_cpu = self._cpu() - self.cpu_before
         after = self._snapshot()
         delta = {name: n - self.before.get(name, 0) for name, n in after.items()
                  if name != 'info' and n - self.before.get(name, 0) > 0}
@@ -44,7 +51,9 @@ class RedisCommands:
             return round(n / calls, 4) if calls else None
         return {'redis_commands': total, 'redis_by_command': dict(sorted(delta.items())),
                 'redis_per_call': per_call(total), 'redis_per_call_no_events': per_call(total - events),
-                'redis_scripts_per_call': per_call(scripts)}
+                'redis_scripts_per_call': per_call(scripts),
+                # Redis' own CPU (main thread and the rest, INFO cpu): what one call costs the shared Redis
+                'redis_cpu_us_per_call': round(redis_cpu / calls * 1e6, 2) if calls else None}
 
 
 def run(block, args, work_dir, cleanup, meta, save_meta):

@@ -34,14 +34,15 @@ def section(meta: dict, runs: list[dict]) -> list[str]:
            f'client addresses at {settings.get("ip_rate", "?")} each, every call on a key and an address drawn at '
            'random; median [min-max] of the rounds. Every key and address is asked far below its limits, so an '
            'exact limiter refuses nothing: each 429 is a call refused that it would have admitted.', '']
-    out += ['| Target | req/s | Worker CPU per call (µs) | Redis commands per call | scripts per call | 429s (all rounds) |',
-            '|---|---|---|---|---|---|']
+    out += ['| Target | req/s | Worker CPU per call (µs) | Redis commands per call | scripts per call | '
+            'Redis CPU per call (µs) | 429s (all rounds) |', '|---|---|---|---|---|---|---|']
     for t, cell in cells.items():
         if cell:
             out.append(f'| {t} | {show_range(median_range([r["rps"] for r in cell]), 0)} | '
                        f'{show_range(median_range([r.get("worker_cpu_us_per_call") for r in cell]))} | '
                        f'{show_range(median_range([r.get("redis_per_call") for r in cell]), 4)} | '
                        f'{show_range(median_range([r.get("redis_scripts_per_call") for r in cell]), 4)} | '
+                       f'{show_range(median_range([r.get("redis_cpu_us_per_call") for r in cell]))} | '
                        f'{sum(refused(r) for r in cell):,} of {sum(r["requests"] for r in cell):,} |')
     out += ['', '- Worker CPU per call on/off, paired per round: '
             + show_paired(paired_ratios(cells[ON], cells[OFF], lambda r: r.get('worker_cpu_us_per_call'))),
