@@ -3,10 +3,11 @@
     fleet up [--instances N]   start PostgreSQL and Redis (embedded default when no URLs
                                are set), the demo data and its roles (demo_reader reads,
                                demo_writer may only run the load tests' deposit), N
-                               gunicorn masters and, for N > 1, an nginx load balancer on
-                               GATEWAY_BIND; seed the demo and print working curl lines.
-                               Returns once all answer.
-    fleet down [--keep-services]
+                               gunicorn masters under a supervisor that starts a master
+                               again when it dies (fleet/supervisor.py) and, for N > 1, an
+                               nginx load balancer on GATEWAY_BIND; seed the demo and print
+                               working curl lines. Returns once all answer.
+    fleet down [--keep-services]   the supervisor and its masters, nginx, the services
     fleet status
     fleet seed --url URL       create the demo objects through the Management API
 
@@ -74,19 +75,28 @@ def _pid_alive(pid_file: Path) -> int | None:
         return None
 
 
-def start_instance(settings: Settings, env: dict, name: str, bind: str) -> int:
-    run = _home(settings) / "run"
+def start_supervisor(settings: Settings, env: dict, binds: list[str]) -> int:
+    """The supervisor of this home's masters (it starts them), unless one already runs."""
+    home = _home(settings)
+    run = home / "run"
     run.mkdir(parents=True, exist_ok=True)
-    pid_file = run / f"gunicorn-{name}.pid"
-    pid = _pid_alive(pid_file)
+    pid = _pid_alive(run / "supervisor.pid")
     if pid:
         return pid
-    log = open(_home(settings) / f"gunicorn-{name}.log", "ab")
-    cmd = [sys.executable, "-m", "gunicorn", "-c", str(ROOT / "fleet" / "gunicorn_conf.py"),
-           "--bind", bind, "--pid", str(pid_file), "fleet.app:create_app()"]
-    proc = subprocess.Popen(cmd, cwd=ROOT, env={**os.environ, **env, "GATEWAY_INSTANCE": name},
-                            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    cmd = [sys.executable, "-m", "fleet.supervisor", "--home", str(home),
+           *[f"--instance=i{i}={bind}" for i, bind in enumerate(binds)]]
+    with open(home / "supervisor.log", "ab") as log:
+        proc = subprocess.Popen(cmd, cwd=ROOT, env={**os.environ, **env}, stdout=log, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, start_new_session=True)
     return proc.pid
+
+
+def stop_supervisor(settings: Settings) -> None:
+    """SIGTERM to the supervisor: it stops its masters gracefully, then itself."""
+    pid = _pid_alive(_home(settings) / "run" / "supervisor.pid")
+    if pid:
+        os.kill(pid, signal.SIGTERM)
+        _wait_gone(pid, 45)
 
 
 NGINX_CONF = """\
@@ -152,11 +162,12 @@ def up(settings: Settings, instances: int, seed_demo: bool = True) -> dict:
     os.environ.update(env)
     settings = Settings.from_env()
     binds = instance_binds(settings, instances)
-    for i, bind in enumerate(binds):
-        start_instance(settings, env, f"i{i}", bind)
+    start_supervisor(settings, env, binds)
     for bind in binds:
         if not _wait_http(f"http://{bind}/health", 60):
-            raise SystemExit(f"the gateway on {bind} did not come up; see {home}/gunicorn-*.log")
+            stop_supervisor(settings)
+            raise SystemExit(f"the gateway on {bind} did not come up; see {home}/gunicorn-*.log "
+                             f"and {home}/supervisor.log")
     if instances > 1:
         start_balancer(settings, binds)
     base = f"http://{settings.bind}"
@@ -197,7 +208,8 @@ def down(settings: Settings, keep_services: bool) -> None:
     nginx_pid = _pid_alive(run / "nginx.pid")
     if nginx_pid:
         os.kill(nginx_pid, signal.SIGQUIT)
-    for pid_file in sorted(run.glob("gunicorn-*.pid")):
+    stop_supervisor(settings)     # first: else it would start again the masters stopped below
+    for pid_file in sorted(run.glob("gunicorn-*.pid")):   # masters started without one
         pid = _pid_alive(pid_file)
         if pid:
             os.kill(pid, signal.SIGTERM)
@@ -219,7 +231,7 @@ def _wait_gone(pid: int, timeout_s: float) -> None:
 def status(settings: Settings) -> int:
     home = _home(settings)
     run = home / "run"
-    rows = [("nginx", _pid_alive(run / "nginx.pid"))]
+    rows = [("nginx", _pid_alive(run / "nginx.pid")), ("supervisor", _pid_alive(run / "supervisor.pid"))]
     rows += [(p.stem, _pid_alive(p)) for p in sorted(run.glob("gunicorn-*.pid"))]
     for name, pid in rows:
         print(f"{name:20} {'running, pid ' + str(pid) if pid else 'stopped'}")

@@ -60,6 +60,12 @@ class Fleet:
             pids.append(int(pid_file.read_text().strip()))
         return pids
 
+    def supervisor(self) -> int | None:
+        try:
+            return int((self.home / "run" / "supervisor.pid").read_text().strip())
+        except (OSError, ValueError):
+            return None
+
     def nginx(self) -> int | None:
         try:
             return int((self.home / "run" / "nginx.pid").read_text().strip())
@@ -82,15 +88,31 @@ class Fleet:
         return out
 
 
+def processes_of(home: Path) -> list[int]:
+    """Every live process started with ``GATEWAY_HOME`` set to ``home``: the supervisor, the
+    masters and their workers (what ``fleet up`` started and ``fleet down`` must end)."""
+    marker = f"GATEWAY_HOME={home}".encode() + b"\0"
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and int(entry) != os.getpid():
+            try:
+                environ = Path(f"/proc/{entry}/environ").read_bytes()
+            except OSError:
+                continue
+            if marker in environ and running(int(entry)):
+                found.append(int(entry))
+    return found
+
+
 @contextmanager
 def started(services, home: Path) -> Iterator[Fleet]:
     """``fleet up --instances 2`` on ``services``; ``fleet down --keep-services`` at the end,
-    checking that the masters and nginx are gone."""
+    checking that the supervisor, the masters, their workers and nginx are gone."""
     fleet = Fleet(services, home)
     try:
         done = fleet.run("up", "--instances", "2")
         assert done.returncode == 0, done.stdout + done.stderr
-        assert fleet.nginx() and all(running(p) for p in fleet.masters())
+        assert fleet.nginx() and fleet.supervisor() and all(running(p) for p in fleet.masters())
         wait_until(lambda: len(fleet.instance_of()) == 2 * WORKERS, 60, 0.1, "every worker of both instances")
         yield fleet
     finally:
@@ -99,8 +121,10 @@ def started(services, home: Path) -> Iterator[Fleet]:
             masters = fleet.masters()
         except (OSError, ValueError):   # `fleet up` failed before writing them
             pass
-        nginx = fleet.nginx()
+        nginx, supervisor = fleet.nginx(), fleet.supervisor()
         down = fleet.run("down", "--keep-services")
         assert down.returncode == 0, down.stdout + down.stderr
         assert all(wait_gone(p, 30) for p in masters), masters
         assert nginx is None or wait_gone(nginx, 10)
+        assert supervisor is None or wait_gone(supervisor, 10)
+        wait_until(lambda: not processes_of(home), 10, 0.1, "no process of the fleet left")

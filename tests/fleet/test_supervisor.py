@@ -1,0 +1,161 @@
+"""A killed master comes back by itself under ``fleet up`` (``fleet/supervisor.py``): two
+instances behind nginx (``fleet up --instances 2``), 8 keep-alive clients through nginx with
+every body checked, one master SIGKILLed: no call fails (nginx sends them to the other
+instance, never a 502), the master is back and serving within ``BACK_WITHIN_S``, and no answered
+call is missing from the run history. ``fleet down`` stops the supervisor, the masters, their
+workers and nginx: the fixture checks that no process of the fleet's home is left.
+
+The supervisor's restart pacing (at once, then backing off while a master keeps dying young) is
+checked on its own with a clock of the test's.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import pytest
+import requests
+
+from fleet import supervisor as sup
+from helpers.api import Api
+from helpers.fleetup import started
+from helpers.history import key_id, runs_by_worker
+from helpers.load import Load, statuses
+from helpers.procs import child_pids, running, wait_gone
+
+BACK_WITHIN_S = 15.0      # measured 4-5 s on an idle machine, 9-12 s at a load average of 20-30
+CLIENTS = 8
+
+
+@pytest.fixture(scope="module")
+def fleet(services, tmp_path_factory):
+    with started(services, tmp_path_factory.mktemp("supervised-home")) as running_fleet:
+        yield running_fleet
+
+
+@pytest.fixture(scope="module")
+def admin(fleet, services):
+    api = Api.over_http(fleet.base, services)
+    yield api
+    api.close()
+
+
+def back_after(fleet, victim: int, killed: float, timeout_s: float = 30) -> float:
+    """Seconds from ``killed`` until instance 0 has a new master whose every worker answers."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            master = fleet.masters()[0]
+        except (OSError, ValueError):
+            master = None
+        if master and master != victim and running(master) and len(child_pids(master)) == 4:
+            try:
+                if requests.get(fleet.instances[0] + "/ready", timeout=1).status_code == 200:
+                    return time.monotonic() - killed
+            except requests.RequestException:
+                pass
+        time.sleep(0.05)
+    raise AssertionError(f"instance 0 was not back within {timeout_s}s")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("what", ["master", "master-and-workers"])
+def test_a_killed_master_comes_back_and_no_call_fails(fleet, admin, superuser, what):
+    connection = admin.connection()
+    query = admin.query("SELECT 7 AS v", connection=connection)
+    name, secret = admin.named_key([query], [connection])
+    victim = fleet.masters()[0]
+    workers = child_pids(victim)
+    load = Load(fleet.base, f"/q/{query}", secret, threads=CLIENTS, keep_bodies=True)
+    with load:
+        time.sleep(1.0)
+        killed = time.monotonic()
+        if what == "master":
+            os.kill(victim, signal.SIGKILL)     # its workers are told and stop (PR_SET_PDEATHSIG)
+        else:
+            os.killpg(victim, signal.SIGKILL)   # the whole instance at once
+        # Orphaned workers finish what they hold (gunicorn's graceful timeout is 30 s) and
+        # release the port at once; the new master does not wait for them.
+        assert all(wait_gone(pid, 35) for pid in workers), "orphaned workers kept running"
+        workers_gone = time.monotonic() - killed
+        back = back_after(fleet, victim, killed)
+        time.sleep(1.5)                          # nginx takes it back (fail_timeout 1 s) and it serves
+    calls = load.calls
+    slowest = max(c.ended - c.started for c in calls)
+    print(f"{what} SIGKILL: workers gone after {workers_gone:.2f}s, back after {back:.2f}s; "
+          f"{len(calls)} calls, slowest {slowest * 1000:.0f} ms: {statuses(calls)}")
+    print("supervisor.log:", *(fleet.home / "supervisor.log").read_text().splitlines()[-4:], sep="\n  ")
+    assert back < BACK_WITHIN_S, f"back after {back:.1f}s"
+    assert len([c for c in calls if c.started > killed]) > 200
+    # nginx sends what the dead instance refused to the other one: no caller sees it go.
+    assert statuses(calls) == {(200, None): len(calls)}, statuses(calls)
+    assert all(c.body == [{"v": 7}] for c in calls)
+    # The new master serves (nginx took it back), and the history has every answered call.
+    kid = key_id(superuser, name)
+    owner = fleet.instance_of()
+    deadline = time.monotonic() + 10
+    while True:
+        runs = runs_by_worker(superuser, kid)
+        stored = sum(s.get(200, 0) for s in runs.values())
+        if stored >= len(calls) or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    assert any(owner.get(w) == 0 for w in runs), "the new master of instance 0 served nothing"
+    # A run recorded by a worker killed before it answered (nginx then sent the call to the
+    # other instance) is stored without an answer: at most one per client.
+    print(f"history: {stored} runs for {len(calls)} answered calls")
+    assert len(calls) <= stored <= len(calls) + CLIENTS, (stored, len(calls))
+
+
+def test_fleet_status_names_the_supervisor(fleet):
+    done = fleet.run("status")
+    assert done.returncode == 0, done.stderr
+    line = next(ln for ln in done.stdout.splitlines() if ln.startswith("supervisor"))
+    assert f"running, pid {fleet.supervisor()}" in line, done.stdout
+
+
+# --- the restart pacing, with the test's clock ----------------------------------------------
+class Dead:
+    """A master process that has exited (SIGKILL)."""
+
+    pid = 4242
+    returncode = -9
+
+    def poll(self):
+        return self.returncode
+
+
+def test_restart_at_once_then_backing_off_while_a_master_dies_young(tmp_path):
+    now = [1000.0]
+    lines: list[str] = []
+    supervisor = sup.Supervisor(tmp_path, [("i0", "127.0.0.1:1")], {}, clock=lambda: now[0], log=lines.append)
+    starts: list[float] = []
+
+    def start(master):
+        starts.append(now[0])
+        master.proc = Dead()
+        master.started_at = now[0]
+        master.starts += 1
+    supervisor.start = start
+
+    def run_for(seconds: float) -> None:
+        end = now[0] + seconds
+        while now[0] < end:
+            supervisor.tick()
+            now[0] += 0.1
+
+    run_for(0.05)
+    assert starts == [1000.0]                      # started at once
+    now[0] += 60                                   # it ran a minute, then died: at once again
+    run_for(0.05)
+    assert starts[-1] == pytest.approx(1060.1)
+    run_for(60)                                    # now it dies at every start
+    # Each gap: one poll (0.1 s) to notice, then the delay: none for the first young death,
+    # then 1, 2, 4 ... s, at most BACKOFF_MAX_S.
+    gaps = [round(b - a, 1) for a, b in zip(starts[1:], starts[2:])]
+    assert len(gaps) >= 6 and gaps[0] <= 0.25, gaps
+    for gap, delay in zip(gaps[1:], [1, 2, 4, 8, 16, 30]):
+        assert delay <= gap <= delay + 0.25, gaps
+    assert "was killed by signal 9" in lines[0]
+
