@@ -146,6 +146,7 @@ class RedisBus:
         try:
             self._link.subscribe(pubsub, CHANNEL)
             subscribed = False
+            switches = self._link.switches()
             # A refresh on every (re)connect: anything published while away is covered (the
             # store's change log, or a full load when the log does not reach back that far).
             self._acknowledge(holder.reload())
@@ -169,6 +170,8 @@ class RedisBus:
                         subscribed = True
                     elif kind in ("unsubscribe", "sunsubscribe"):
                         raise redis.ConnectionError("the server ended the subscription (the slot moved)")
+                if self._link.switches() != switches:   # Sentinel moved the master
+                    raise redis.ConnectionError("the master moved")
                 now = time.monotonic()
                 if ping_sent is not None and now - ping_sent > self._lease_s:
                     raise redis.ConnectionError("no pong within the lease")

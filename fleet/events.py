@@ -80,7 +80,7 @@ class RedisEvents:
     def read(self, last_id: str, block_ms: int = 15000) -> Iterator[bytes]:
         """Yield SSE frames from after ``last_id`` ('$': only new ones) until the worker
         drains; a comment line every ``block_ms`` keeps proxies from closing an idle stream."""
-        conn = self._link.client(block_ms / 1000 + 5, connect_timeout_s=2)
+        conn = self._link.client(block_ms / 1000 + 5, connect_timeout_s=2, register=False)
         try:
             yield from self._frames(conn, last_id, block_ms)
         except redis.RedisError as exc:
@@ -98,7 +98,10 @@ class RedisEvents:
             last_id = newest[0][0].decode() if newest else "0-0"
         yield b": connected\n\n"
         idle_ms = 0
+        switches = self._link.switches()
         while not self.draining():
+            if self._link.switches() != switches:   # Sentinel moved the master: resume there
+                return
             entries = conn.xread({STREAM: last_id}, count=500, block=min(POLL_MS, block_ms))
             if not entries:
                 idle_ms += min(POLL_MS, block_ms)

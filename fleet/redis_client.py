@@ -40,6 +40,8 @@ from redis.cluster import ClusterNode, RedisCluster
 from redis.retry import Retry
 from redis.sentinel import Sentinel
 
+from .sentinel_watch import SentinelWatch
+
 MODES = {"redis": "single", "rediss": "single", "unix": "single",
          "redis+cluster": "cluster", "redis+sentinel": "sentinel"}
 
@@ -99,11 +101,17 @@ def _host_port(text: str) -> tuple[str, int]:
 class RedisLink:
     """Clients for one ``RedisTarget``: ``client`` for commands, ``subscriber`` for the bus."""
 
-    __slots__ = ("target", "_sentinel")
+    __slots__ = ("target", "_sentinel", "_watch")
 
     def __init__(self, url: str) -> None:
         self.target = RedisTarget.parse(url)
         self._sentinel: Sentinel | None = None
+        self._watch: SentinelWatch | None = None
+
+    def switches(self) -> int:
+        """How many times Sentinel moved the master since this process began watching (0
+        for the other modes): a long-lived connection made before a change reconnects."""
+        return self._watch.switches if self._watch is not None else 0
 
     @property
     def mode(self) -> str:
@@ -117,9 +125,12 @@ class RedisLink:
     def _auth(self) -> dict[str, Any]:
         return {"username": self.target.username, "password": self.target.password}
 
-    def client(self, timeout_s: float, connect_timeout_s: float | None = None, **extra: Any) -> Any:
+    def client(self, timeout_s: float, connect_timeout_s: float | None = None, register: bool = True,
+               **extra: Any) -> Any:
         """A command client (``redis.Redis`` or ``RedisCluster``: the same commands, scripts,
-        pipelines without transactions)."""
+        pipelines without transactions). Sentinel: its connections follow ``+switch-master``
+        (``fleet.sentinel_watch``) unless ``register`` is off (a long-lived connection that
+        watches ``switches()`` itself)."""
         timeouts: dict[str, Any] = {"socket_timeout": timeout_s,
                                     "socket_connect_timeout": connect_timeout_s or timeout_s}
         target = self.target
@@ -129,8 +140,13 @@ class RedisLink:
             # require_full_coverage off: while one master fails over, the others' slots serve.
             return RedisCluster(startup_nodes=[ClusterNode(h, p) for h, p in target.nodes], **self._auth(),
                                 require_full_coverage=False, retry=Retry(NoBackoff(), 1), **timeouts, **extra)
-        return self._sentinels(timeout_s).master_for(target.master, db=target.db, **self._auth(), **timeouts,
-                                                     **extra)
+        client = self._sentinels(timeout_s).master_for(target.master, db=target.db, **self._auth(), **timeouts,
+                                                       **extra)
+        if self._watch is None:
+            self._watch = SentinelWatch.of(list(target.nodes), target.master, target.sentinel_password)
+        if register:
+            self._watch.register(client.connection_pool)
+        return client
 
     def _sentinels(self, timeout_s: float) -> Sentinel:
         if self._sentinel is None:
@@ -145,7 +161,7 @@ class RedisLink:
         no_retry: dict[str, Any] = {"retry": Retry(NoBackoff(), 0), "health_check_interval": 0}
         target = self.target
         if target.mode != "cluster":
-            return self.client(timeout_s, **no_retry)
+            return self.client(timeout_s, register=False, **no_retry)
         cluster = self.client(timeout_s)
         try:
             node = cluster.get_node_from_key(channel)

@@ -103,6 +103,7 @@ def test_master_killed_under_load(cluster, masters, admin):
             (mode, statuses(after))
     assert result.returned - result.changed < 1.0
     assert result.events_after > 0
+    assert result.shared - result.promoted < 3.0, result.shared - result.promoted
 
 
 def test_quota_rebuilt_when_the_promoted_replica_lagged(cluster, masters, admin):

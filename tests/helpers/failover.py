@@ -43,9 +43,12 @@ def redis_ms(client) -> int:
     return int(seconds) * 1000 + int(micros) // 1000
 
 
-def fleet_shared(client, masters: list[Master], bucket: str, since_ms: int) -> bool:
+def fleet_shared(redis_client, masters: list[Master], bucket: str, since_ms: int) -> bool:
     """Every worker has written a heartbeat after ``since_ms`` (Redis time) and some worker
-    took a lease from ``bucket`` after it: the fleet works on the new master."""
+    took a lease from ``bucket`` after it: the fleet works on the new master. A new client
+    each time: an old connection may still reach the old master (Sentinel demotes a live one
+    only seconds later)."""
+    client = redis_client()
     try:
         beats = {k.decode(): int(v) for k, v in client.hgetall(ALIVE).items()}
         leased = client.hget(bucket, "ts")
@@ -60,6 +63,8 @@ def fleet_shared(client, masters: list[Master], bucket: str, since_ms: int) -> b
         return True
     except (redis.RedisError, requests.RequestException):
         return False
+    finally:
+        client.close()
 
 
 def failover_under_load(masters: dict[str, Master], admin: Api, redis_client: Callable[[], object],
@@ -95,7 +100,7 @@ def failover_under_load(masters: dict[str, Master], admin: Api, redis_client: Ca
         promoted()
         at_promotion = time.monotonic()
         since = wait_until(lambda: _redis_ms_or_none(client), 10, 0.02, "Redis time on the new master")
-        wait_until(lambda: fleet_shared(client, list(masters.values()), bucket, since), 20, 0.02,
+        wait_until(lambda: fleet_shared(redis_client, list(masters.values()), bucket, since), 20, 0.05,
                    "the fleet to share its limits on the new master")
         shared = time.monotonic()
         time.sleep(0.5)
