@@ -5,7 +5,7 @@ failover the connections already open stay on the old master; when that master i
 (``SENTINEL FAILOVER``, a partition that heals) it keeps accepting writes until Sentinel
 reconfigures it, which it does only after seeing it report the wrong role for a while
 (measured here: about 10 s). Writes of those seconds (heartbeats, leases, rows) are lost
-when it becomes a replica, and half of the fleet works on each master meanwhile.
+when it becomes a replica, and part of the fleet works on each master meanwhile.
 
 One watcher per worker process and URL: a thread subscribed to ``+switch-master`` on one
 sentinel (the next one when it fails) that, for its master's name, closes the idle

@@ -25,7 +25,7 @@ from helpers.api import Api
 from helpers.failover import failover_under_load, report
 from helpers.history import key_id
 from helpers.load import Load, statuses
-from helpers.masters import Master
+from helpers.masters import Master, stop_all
 from helpers.redis_topologies import Cluster
 from helpers.util import wait_until
 
@@ -51,8 +51,7 @@ def masters(cluster, services, tmp_path_factory):
             master.wait_ready(90)
         yield made
     finally:
-        for master in made.values():
-            master.stop()
+        stop_all(made.values())
 
 
 @pytest.fixture(scope="module")

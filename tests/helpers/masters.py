@@ -103,6 +103,15 @@ class Master:
         proc.wait(timeout=10)
 
 
+def stop_all(masters) -> None:
+    """Stop several masters at once (SIGTERM to each, then wait for each)."""
+    for master in masters:
+        if master.proc is not None and master.proc.poll() is None:
+            master.proc.send_signal(signal.SIGTERM)
+    for master in masters:
+        master.stop()
+
+
 def start_masters(services, home_factory, *configs: dict) -> list[Master]:
     """Start one master per ``configs`` entry (``workers``, default 2, and GATEWAY_* settings),
     all at once, and wait until every one is ready."""

@@ -283,14 +283,17 @@ class SentinelGroup:
     def servers(self) -> list[RedisNode]:
         return [self.master, self.replica]
 
-    def start(self) -> SentinelGroup:
+    def start(self, wait: bool = True) -> SentinelGroup:
+        """``wait=False``: return before the sentinels have found each other (hello messages
+        every 2 s: about 7 s), which ``wait_known`` waits for; clients work meanwhile."""
         try:
             self.master.start()
             self.replica.start()
             self.wait_synced(self.replica, 20)
             for sentinel in self.sentinels:
                 sentinel.start()
-            self.wait_known(20)
+            if wait:
+                self.wait_known(20)
         except BaseException:
             self.stop()
             raise
