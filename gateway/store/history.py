@@ -1,11 +1,11 @@
 """Run history, written off the hot path.
 
-A call appends its run and the run's COPY line to an in-memory queue (no lock beyond the
-deque's own) and, with a spool (``spool.py``), writes the line to the worker's crash spool
-(one ``write(2)`` to tmpfs, no lock); a background thread writes batches to the store with
-``COPY`` (measured: formatting rows for ``execute_values`` cost the worker about 9% of its CPU
-at full load; a hand-built COPY buffer costs a fraction of that, and the line is made once,
-for the spool and the COPY alike) and, every second, stores the spools of dead workers.
+A call appends one tuple to an in-memory queue (no lock beyond the deque's own) and, with a
+spool (``spool.py``), the same run to the worker's crash spool (``marshal``, one ``write(2)`` to
+tmpfs, no lock; measured with ``loadtests/recordcost.py``); a background thread writes batches
+to the store with ``COPY`` (measured: formatting rows for ``execute_values`` cost the worker
+about 9% of its CPU at full load; a hand-built COPY buffer costs a fraction of that, and it is
+made here, off the request path) and, every second, stores the spools of dead workers.
 The queue is bounded: under overload the oldest runs are not dropped, new ones are, and
 counted, so memory stays bounded and the loss is visible.
 
@@ -44,20 +44,20 @@ _NULL = "\\N"
 
 
 class _Clock:
-    """Formats run times for COPY, reusing the text of the current second. Shared by request
-    threads: the second and its text are one tuple, replaced whole, never read half-updated."""
+    """Formats run times for COPY, reusing the text of the current second."""
 
-    __slots__ = ("_cached",)
+    __slots__ = ("second", "prefix")
 
     def __init__(self) -> None:
-        self._cached = (-1, "")
+        self.second = -1
+        self.prefix = ""
 
     def text(self, ts: float) -> str:
         second = int(ts)
-        cached = self._cached
-        if cached[0] != second:
-            cached = self._cached = (second, datetime.fromtimestamp(second, UTC).strftime("%Y-%m-%d %H:%M:%S"))
-        return f"{cached[1]}.{int((ts - second) * 1_000_000):06d}+00"
+        if second != self.second:
+            self.second = second
+            self.prefix = datetime.fromtimestamp(second, UTC).strftime("%Y-%m-%d %H:%M:%S")
+        return f"{self.prefix}.{int((ts - second) * 1_000_000):06d}+00"
 
 
 def _opt(value: object) -> str:
@@ -81,7 +81,7 @@ class HistoryWriter:
 
     __slots__ = ("_connect", "_worker", "_batch", "_flush_s", "_max", "_queue", "_wake", "_stop",
                  "_thread", "_retention_days", "_pruned_at", "_observers", "_unstored", "dropped",
-                 "written", "_spool", "_clock", "_replayed_at", "replayed", "spool_failed")
+                 "written", "_spool", "_replayed_at", "replayed", "spool_failed")
 
     def __init__(self, connect: Callable[[], psycopg2.extensions.connection], worker: str, batch: int,
                  flush_ms: int, queue_max: int, retention_days: int = 30,
@@ -91,18 +91,17 @@ class HistoryWriter:
         self._batch = batch
         self._flush_s = flush_ms / 1000
         self._max = queue_max
-        self._queue: collections.deque[tuple[Run, str]] = collections.deque()   # (run, its COPY line)
+        self._queue: collections.deque[Run] = collections.deque()
         self._wake = threading.Event()
         self._stop = False
         self._thread: threading.Thread | None = None
         self._retention_days = retention_days
         self._pruned_at = 0.0
         self._observers = list(observers)
-        self._unstored: collections.deque[list[str]] = collections.deque()     # batches of COPY lines
+        self._unstored: collections.deque[list[Run]] = collections.deque()
         self.dropped = 0
         self.written = 0
         self._spool = spool
-        self._clock = _Clock()
         self._replayed_at = 0.0
         self.replayed = 0         # runs of dead workers this one stored
         self.spool_failed = 0     # runs its spool could not take (the store still gets them)
@@ -114,12 +113,11 @@ class HistoryWriter:
             return
         run = (time.time(), request_id, key_id, query, version, status, code, rows, duration_ms, self._worker,
                admitted)
-        line = copy_line(self._clock, run)
-        # Queued before it is spooled: a line in a segment the thread has rotated out is in
-        # the queue it drains next (spool.py).
-        self._queue.append((run, line))
+        # Queued before it is spooled: a run in a segment the thread has rotated out is in the
+        # queue it drains next (spool.py).
+        self._queue.append(run)
         spool = self._spool
-        if spool is not None and not spool.write(line):
+        if spool is not None and not spool.write(run):
             self.spool_failed += 1
 
     def depth(self) -> int:
@@ -185,22 +183,22 @@ class HistoryWriter:
         # cut the stream into many tiny batches (a COPY and an XADD each).
         waiting = len(self._queue)
         while waiting > 0:
-            taken = [self._queue.popleft() for _ in range(min(waiting, self._batch))]
-            waiting -= len(taken)
-            batch = [run for run, _ in taken]
+            batch = [self._queue.popleft() for _ in range(min(waiting, self._batch))]
+            waiting -= len(batch)
             for observer in self._observers:
                 try:
                     observer(batch)
                 except Exception:
                     log.exception("history: an observer failed")
-            self._unstored.append([line for _, line in taken])
+            self._unstored.append(batch)
         while self._unstored and sum(map(len, self._unstored)) > self._max:
             self.dropped += len(self._unstored.popleft())  # the store has been down too long
 
     @staticmethod
-    def _store(conn: psycopg2.extensions.connection, lines: list[str]) -> None:
+    def _store(conn: psycopg2.extensions.connection, batch: list[Run]) -> None:
         with conn.cursor() as cur:
-            cur.copy_expert(_COPY, io.StringIO("".join(lines)))
+            clock = _Clock()
+            cur.copy_expert(_COPY, io.StringIO("".join([copy_line(clock, run) for run in batch])))
 
     def _replay_orphans(self, conn: psycopg2.extensions.connection, spool: Spool) -> None:
         """Store what dead workers of this home recorded and did not store (their spools)."""
@@ -208,7 +206,8 @@ class HistoryWriter:
         for orphan in orphans(spool.root, own=spool.path):
             stored = False
             try:
-                count = replay(conn, orphan.text())
+                clock = _Clock()
+                count = replay(conn, "".join([copy_line(clock, run) for run in orphan.runs()]))
                 stored = True
             except (psycopg2.OperationalError, psycopg2.InterfaceError):
                 raise              # the store went away: the spool waits for the next try
