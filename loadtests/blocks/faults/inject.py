@@ -18,7 +18,7 @@ from ... import system
 from .rig import INSTANCES, Rig, RigError, running, wait_gone
 
 MARKER = 'faults:marker'     # set in Redis before it is killed: gone after the restart proves the data was lost
-MASTER_WAIT_S = 10.0         # how long a killed master is given to come back by itself
+MASTER_WAIT_S = 30.0         # how long a killed master is given to come back by itself (a supervisor's backoff)
 
 
 @dataclass(frozen=True)

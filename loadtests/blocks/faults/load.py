@@ -1,7 +1,7 @@
 """The faults block's load: a closed loop of keep-alive HTTP/1.1 clients that checks every body.
 
     python -m loadtests.blocks.faults.load --url http://127.0.0.1:55110 --key KEY --expected rows.json \\
-        --out calls.txt [--clients 16] [--path /q/account]
+        --out calls.txt [--clients 16] [--path /q/account] [--url ANOTHER ...]
 
 Each client sends GET <path>?aid=<random aid of the expected rows> with X-API-Key, reads the whole answer and sends
 the next at once (no pause), on one keep-alive connection; it runs until SIGTERM or SIGINT. A 200 is checked against
@@ -127,8 +127,13 @@ async def client(host: str, port: int, path: str, key: str, aids: list[int], exp
             reader = writer = None
 
 
+def host_port(url: str) -> tuple[str, int]:
+    host, port = url.split('//', 1)[1].rstrip('/').rsplit(':', 1)
+    return host, int(port)
+
+
 async def run(args) -> None:
-    host, port = args.url.split('//', 1)[1].rstrip('/').rsplit(':', 1)
+    targets = [host_port(u) for u in args.url]
     rows = json.loads(Path(args.expected).read_text())
     expected = expected_bodies(rows)
     aids = sorted(expected)
@@ -138,8 +143,9 @@ async def run(args) -> None:
         loop.add_signal_handler(sig, stop.set)
     out: list[str] = []
     with open(args.out, 'a') as sink:
-        tasks = [asyncio.create_task(client(host, int(port), args.path, args.key, aids, expected, out, stop,
-                                            args.timeout)) for _ in range(args.clients)]
+        # client i calls target i mod n: with --url given once per master, each master gets its share of clients
+        tasks = [asyncio.create_task(client(*targets[i % len(targets)], args.path, args.key, aids, expected, out,
+                                            stop, args.timeout)) for i in range(args.clients)]
         while not stop.is_set():
             try:
                 await asyncio.wait_for(stop.wait(), 0.2)
@@ -157,7 +163,7 @@ async def run(args) -> None:
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument('--url', required=True)
+    parser.add_argument('--url', required=True, action='append', help='base URL; repeat it to share the clients')
     parser.add_argument('--key', required=True)
     parser.add_argument('--expected', required=True, help='JSON list of [aid, bid, abalance]')
     parser.add_argument('--out', required=True)

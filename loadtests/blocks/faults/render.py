@@ -45,8 +45,9 @@ def render(meta: dict, runs: list[dict], raw: str | None = None) -> str:
     git = meta.get('versions', {}).get('git') or {}
     commit = git.get('commit') or '?'
     date = (meta.get('started_at') or '?')[:10]
-    out = [f'# Faults under load: what clients see ({date}, commit {commit}{" (dirty)" if git.get("dirty") else ""})',
-           '']
+    via = ', clients straight to the masters' if settings.get('via') == 'direct' else ''
+    out = [f'# Faults under load: what clients see ({date}, commit {commit}{" (dirty)" if git.get("dirty") else ""}'
+           f'{via})', '']
     if raw:
         out += [f'Raw data: [`{raw}`]({raw}) (results.jsonl, meta.json; results.md renders again from them).', '']
     out += [f'    {meta.get("command", "?")}', '']
@@ -70,7 +71,7 @@ def render(meta: dict, runs: list[dict], raw: str | None = None) -> str:
             'was a checked 200, after the last failed call or the last second or more without any answer (a stall; `>N`: '
             'no such second within the observation). Fault lasted: from '
             'the fault until the server answered again, the worker was replaced or the reload done (a killed master: '
-            'until it was back, or 10 s). Window: from the '
+            f'until it was back, or {settings.get("master_wait_s", 10):.0f} s). Window: from the '
             'fault until it was over (server back, worker replaced, reload done) or recovered, plus one second; '
             'latency is per call, from sending it (connect included) to its last byte. Lost: 2xx answers whose '
             'request id never reached the store\'s run history. Other work: CPU the rest of the machine (not the fleet, '
@@ -167,7 +168,9 @@ def render(meta: dict, runs: list[dict], raw: str | None = None) -> str:
             + ', '.join(f'{k}={v}' for k, v in sorted((settings.get('fleet') or {}).items())
                         if k != 'GATEWAY_HOME') + '.',
             f'- The load: {settings.get("clients", "?")} keep-alive HTTP/1.1 clients (one asyncio process, '
-            'loadtests/blocks/faults/load.py) through nginx, each sending `GET /q/account?aid=<random 1..'
+            'loadtests/blocks/faults/load.py) '
+            + ('straight to the masters, half to each (--via direct: no nginx in the way)'
+               if settings.get('via') == 'direct' else 'through nginx') + ', each sending `GET /q/account?aid=<random 1..'
             f'{settings.get("max_id", "?")}>` as soon as the last answer was read; every 200 is compared with the row '
             'PostgreSQL holds for that aid (read before the block). A connection error closes the connection and the '
             'client opens a new one 10 ms later.',

@@ -39,7 +39,7 @@ from ...harness import log, now_iso
 from ...system import REPO
 from . import calls as seen_calls
 from .calls import Reader
-from .inject import FAULTS, Fault
+from .inject import FAULTS, MASTER_WAIT_S, Fault
 from .quota import CALLS as QUOTA_CALLS
 from .quota import SPENT as QUOTA_SPENT
 from .quota import QuotaCaller
@@ -58,6 +58,8 @@ def parse_args(argv=None):
     parser.add_argument('--faults', default=','.join(FAULTS), help=f'comma list of {", ".join(FAULTS)} (default all)')
     parser.add_argument('--clients', type=int, default=16, help='keep-alive clients of the load (default 16)')
     parser.add_argument('--workers', type=int, default=2, help='workers per master (default 2)')
+    parser.add_argument('--via', choices=('nginx', 'direct'), default='nginx',
+                        help='the load through nginx (default), or half the clients straight to each master')
     parser.add_argument('--quiet', type=float, default=3.0, help='seconds of load before each fault (default 3)')
     parser.add_argument('--after', type=float, default=5.0,
                         help='seconds without a failed call that end a fault\'s observation (default 5)')
@@ -105,11 +107,13 @@ def main(argv=None) -> int:
     meta = {
         'block': BLOCK, 'started_at': now_iso(), 'finished_at': None,
         'command': ' '.join(shlex.quote(a) for a in [sys.executable, '-m', 'loadtests.bench', BLOCK, *argv]),
-        'settings': {'faults': args.faults, 'clients': args.clients, 'workers': args.workers, 'instances': 2,
+        'settings': {'faults': args.faults, 'clients': args.clients, 'via': args.via, 'workers': args.workers,
+                     'instances': 2,
                      'quiet_s': args.quiet, 'after_s': args.after, 'max_observe_s': args.max_observe,
                      'settle_s': args.settle, 'max_requests': args.max_requests,
                      'recycle_window_s': args.recycle_window, 'max_id': args.max_id,
-                     'hold_s': seen_calls.HOLD_S, 'quota': f'{QUOTA_CALLS} calls/day, {QUOTA_SPENT} spent before',
+                     'hold_s': seen_calls.HOLD_S, 'master_wait_s': MASTER_WAIT_S,
+                     'quota': f'{QUOTA_CALLS} calls/day, {QUOTA_SPENT} spent before',
                      'fleet': rig.settings()},
         'machine': system.machine_info(),
         'versions': {'harness': system.venv_versions(Path(sys.executable), ['gunicorn', 'falcon', 'psycopg2-binary',
@@ -195,10 +199,11 @@ def run_block(rig: Rig, args, meta: dict, results, work_dir: Path, save_meta) ->
 class Load:
     """load.py in a process of its own, writing its calls to `path`."""
 
-    def __init__(self, rig: Rig, secret: str, expected: Path, path: Path, clients: int):
+    def __init__(self, rig: Rig, secret: str, expected: Path, path: Path, clients: int, via: str = 'nginx'):
         self.path = path
-        cmd = [sys.executable, '-m', 'loadtests.blocks.faults.load', '--url', rig.url, '--key', secret,
-               '--expected', str(expected), '--out', str(path), '--clients', str(clients)]
+        urls = [rig.url] if via == 'nginx' else rig.instance_urls
+        cmd = [sys.executable, '-m', 'loadtests.blocks.faults.load', *[a for u in urls for a in ('--url', u)],
+               '--key', secret, '--expected', str(expected), '--out', str(path), '--clients', str(clients)]
         self.proc = subprocess.Popen(cmd, cwd=REPO, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                      stderr=open(path.with_suffix('.err'), 'w'))
         self.reader = Reader(path)
@@ -336,7 +341,7 @@ def run_fault(rig: Rig, fault: Fault, secret: str, args, expected: Path, work_di
               quota_secret: str | None) -> dict:
     restored_before = make_whole(rig)
     logs = Logs(rig)
-    load = Load(rig, secret, expected, work_dir / f'calls-{fault.name}.txt', args.clients)
+    load = Load(rig, secret, expected, work_dir / f'calls-{fault.name}.txt', args.clients, args.via)
     quota = None
     contention = Contention(rig, load.proc.pid)
     try:
@@ -479,7 +484,7 @@ def run_recycling(rig: Rig, fault: Fault, secret: str, args, expected: Path, wor
     rig.extra_env = {'GATEWAY_MAX_REQUESTS': str(args.max_requests)}
     rig.up()
     logs = Logs(rig)
-    load = Load(rig, secret, expected, work_dir / f'calls-{fault.name}.txt', args.clients)
+    load = Load(rig, secret, expected, work_dir / f'calls-{fault.name}.txt', args.clients, args.via)
     contention = Contention(rig, load.proc.pid)
     try:
         started = load.wait_started()
