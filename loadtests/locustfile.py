@@ -17,6 +17,7 @@
 | AccountPage (page) | /q/account_page?start=R&page_size=100 | 200, aids R..R+99 in order |
 | Deposit (write) | /q/deposit?aid=R&delta=1..9, writer key | 200, one row affected; a refusal is reported as "WRITES REFUSED" |
 | ReadWriteMix (mix) | 3 lookups : 1 deposit, writer key | as above |
+| CachedReadWrite (cached) | /q/account_cached (cache_ttl 60) on an account of its own; 1 in 6 a deposit, then a read | every cached read shows the database's balance after the user's last deposit |
 | RateLimited (ratelimit) | /q/account, key limited to LOADTEST_RATE_LIMIT | 200, or 429 rate_limited with sane headers (both succeed) |
 | ChurnReader (churn) | /q/account_versioned | never older than the newest version whose publish had returned |
 | ManagementChurn (churn) | publishes versions; creates, rotates, revokes keys | a changed key works / stops working at once |
@@ -37,6 +38,7 @@ from locust import events  # noqa: E402
 from locust.runners import MasterRunner, WorkerRunner  # noqa: E402
 
 from loadtests.scenarios import churn, ratelimit  # noqa: E402
+from loadtests.scenarios.cached import CachedReadWrite  # noqa: E402,F401
 from loadtests.scenarios.churn import ChurnReader, ManagementChurn  # noqa: E402,F401
 from loadtests.scenarios.common import STATE, log  # noqa: E402
 from loadtests.scenarios.lookup import GovernedLookup, PlainLookup  # noqa: E402,F401
@@ -110,6 +112,11 @@ def on_test_stop(environment, **_kwargs):
     if STATE.counts.get('writes_refused'):
         log.error('summary: %d deposits were refused (403 write_not_allowed): the server needs '
                   'GATEWAY_ALLOW_WRITES=1', STATE.counts['writes_refused'])
+    if STATE.counts.get('cache_hit') or STATE.counts.get('cache_miss'):
+        log.info('summary: cached reads: %d hits, %d misses, %d stale', STATE.counts.get('cache_hit', 0),
+                 STATE.counts.get('cache_miss', 0), STATE.counts.get('stale_cached', 0))
+    if STATE.counts.get('stale_cached'):
+        log.error('summary: STALE cached answers after a write through the gateway (see the failures)')
     if STATE.counts.get('stale_answers') or STATE.counts.get('stale_keys'):
         log.error('summary: STALE state served after a management call had returned (see the failures)')
     if not isinstance(environment.runner, WorkerRunner) and STATE.admin_key and environment.host:

@@ -30,7 +30,7 @@ def test_deposit_runs_on_the_write_connection():
     saved = provision.queries("reads", "writes")
     assert {name: q["connection_name"] for name, q in saved.items()} == {
         "account": "reads", "account_governed": "reads", "account_page": "reads", "deposit": "writes",
-        "account_versioned": "reads"}
+        "account_versioned": "reads", "account_cached": "reads"}
     granted = provision.keys("reads", "writes")
     assert granted["writer"]["connections"] == ["reads", "writes"]
     assert all(k["connections"] == ["reads"] for scenario, k in granted.items() if scenario != "writer")

@@ -99,6 +99,8 @@ def queries(connection: str = CONNECTION, write_connection: str = WRITE_CONNECTI
         'deposit': {**base, 'connection_name': write_connection, 'sql': DEPOSIT_SQL,
                     'parameters': {'aid': AID, 'delta': {'type': 'int', 'required': True, 'min': 1, 'max': 9}},
                     'description': 'Add :delta to one account (a write)'},
+        'account_cached': {**base, 'sql': ACCOUNT_SQL, 'parameters': {'aid': AID}, 'cache_ttl': 60,
+                           'description': 'The lookup, cached for 60 s (CachedReadWrite checks it after writes)'},
         'account_versioned': {**base, 'sql': versioned_sql(1), 'parameters': {'aid': AID},
                               'description': 'The lookup; version N answers N (management churn)'},
     }
@@ -112,7 +114,7 @@ def keys(connection: str = CONNECTION, write_connection: str = WRITE_CONNECTION)
         'plain': {'name': f'{PREFIX}-plain', 'queries': ['account', 'account_page'], 'connections': conn},
         'governed': {'name': f'{PREFIX}-governed', 'queries': ['account_governed'], 'connections': conn,
                      'rate_limit': HUGE_RATE, 'quota': HUGE_QUOTA, **_json_env('LOADTEST_GOVERNED_GRANTS')},
-        'writer': {'name': f'{PREFIX}-writer', 'queries': ['deposit', 'account'], 'connections': both,
+        'writer': {'name': f'{PREFIX}-writer', 'queries': ['deposit', 'account', 'account_cached'], 'connections': both,
                    'allow_writes': True},
         'limited': {'name': f'{PREFIX}-limited', 'queries': ['account'], 'connections': conn,
                     'rate_limit': RATE_LIMIT, 'rate_limit_burst': rate_limit_number(RATE_LIMIT)},

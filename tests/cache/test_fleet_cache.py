@@ -178,3 +178,28 @@ def test_concurrent_misses_in_one_worker_make_one_database_call(api, endpoint, s
         assert scans_of(superuser, table, 9) == 9
     finally:
         superuser(f"DROP TABLE {table}", db="demo")
+
+
+def test_locust_cached_scenario_finds_no_stale_answer(fleet_api, master, tmp_path):
+    """loadtests' CachedReadWrite against the 4-worker master: every cached read after a user's own
+    deposit shows the database's balance; no failure of any kind."""
+    import csv
+    import os
+    import subprocess
+
+    from helpers.util import ADMIN_KEY, ROOT, free_port
+    env = {**os.environ, "GATEWAY_ADMIN_KEY": ADMIN_KEY, "LOADTEST_CONNECTION": fleet_api.connection(),
+           "LOADTEST_WRITE_CONNECTION": fleet_api.connection(unique("demo_writer")),
+           "LOADTEST_KEY_PREFIX": f"cc{free_port()}", "LOADTEST_MAX_ID": "1000000"}
+    run = subprocess.run([str(ROOT / ".venv/bin/locust"), "-f", "loadtests/locustfile.py", "--headless",
+                          "-u", "8", "-r", "8", "-t", "8s", "--host", master.base, "--csv", str(tmp_path / "run"),
+                          "--only-summary", "CachedReadWrite"],
+                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    with open(tmp_path / "run_stats.csv") as fh:
+        rows = {row["Name"]: row for row in csv.DictReader(fh)}
+    assert int(rows["Aggregated"]["Failure Count"]) == 0, rows
+    assert int(rows["/q/deposit [cached]"]["Request Count"]) > 10, rows
+    assert int(rows["/q/account_cached [cached]"]["Request Count"]) > 50, rows
+    summary = re.search(r"cached reads: (\d+) hits, (\d+) misses, (\d+) stale", run.stderr + run.stdout)
+    assert summary and int(summary.group(1)) > 0 and summary.group(3) == "0", run.stderr[-2000:]

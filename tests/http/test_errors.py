@@ -255,6 +255,7 @@ PRODUCERS = {
     "invalid_timeout": _call("SELECT 1", {"timeout": "abc"}),
     "invalid_stream": _call("SELECT 1", {"stream": "true", "format": "json"}),
     "invalid_version": _call("SELECT 1", {"version": "abc"}),
+    "invalid_cache": _call("SELECT 1", {"cache": "sometimes"}),
     "invalid_sql": lambda ctx: ctx.api.manage("POST", "/queries", {"name": unique("q"), "connection_name": ctx.demo,
                                                                     "sql": "SELECT 'unterminated"}),
     "multiple_statements": _save("SELECT 1; SELECT 2"),
