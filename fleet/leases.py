@@ -67,9 +67,11 @@ one slot and runs on Redis Cluster; scripts are sent with EVALSHA and re-sent on
 (redis-py's ``Script`` does this; a promoted replica has no scripts cached).
 
 Failover (Redis Cluster or Sentinel, ``fleet.redis_client``): while the failed master's
-buckets are unreachable, the worker decides as with Redis unreachable; in a cluster the
-250 ms windows cover the worker's buckets on the other masters too (one flag per worker, so
-a partition costs one timeout per window, not one per key). The promoted replica then
+buckets are unreachable, the worker decides as with Redis unreachable for those buckets
+only: the 250 ms windows are kept per server (in a cluster, the master of the bucket's slot
+as the client's slot map says), so the buckets on the other masters stay shared (and in
+``closed`` mode their keys are not refused), and a partition costs one timeout per server
+and window, not one per key. The promoted replica then
 serves the buckets it had received. Writes it had not (asynchronous replication) are lost:
 a quota bucket it never received is rebuilt from the run history (above: at most the quota
 + the calls in flight); one it received but behind the master counts the calls leased in
@@ -88,6 +90,7 @@ from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
 import redis
+from redis.cluster import RedisCluster
 
 from gateway.errors import GatewayError
 from gateway.model.limits import Quota, Rate, quota_period, quota_window
@@ -216,7 +219,9 @@ class LeasedAdmission:
         self._leases: dict[str, _Lease] = {}
         self._windows: dict[str, tuple[str, int, int]] = {}
         self._leases_lock = threading.Lock()
-        self._down_until = 0.0
+        # server -> until when it counts as unreachable (monotonic); one entry ("") unless a cluster
+        self._down: dict[str, float] = {}
+        self._cluster = self._redis if isinstance(self._redis, RedisCluster) else None
         self.fallbacks = 0          # calls admitted or refused by the local fallback
         self.redis_calls = 0
         self.rebuilt = 0            # quota buckets created from the run history (new period or lost)
@@ -281,7 +286,7 @@ class LeasedAdmission:
                 return self._rate_headers(lease, rate)
             if now < lease.empty_until:
                 raise rate_limited(lease.empty_until - now, self._rate_headers(lease, rate), who)
-            if now < self._down_until:
+            if self._down and self._is_down(lease.bucket, now):
                 return self._local_rate(lease, rate, now, who)
             self._grow_or_shrink(lease, now)
             lease.tokens = 0   # an expired lease's leftovers are dropped (see the bound above)
@@ -385,7 +390,7 @@ class LeasedAdmission:
                 return self._quota_headers(lease, quota, reset_s)
             if now < lease.empty_until:
                 raise quota_exceeded("calls", reset_s, rate_headers + self._quota_headers(lease, quota, reset_s))
-            if now < self._down_until or now < lease.seed_after:
+            if (self._down and self._is_down(lease.bucket, now)) or now < lease.seed_after:
                 return self._local_quota(lease, quota.calls, reset_s, now)
             self._grow_or_shrink(lease, now)
             back, lease.tokens = lease.tokens, 0
@@ -432,7 +437,26 @@ class LeasedAdmission:
         if bucket:
             self._failed_bucket = bucket
         self.degraded.failed(exc)
-        self._down_until = self._clock() + 0.25
+        self._down[self._server(bucket)] = self._clock() + 0.25
+
+    def _server(self, bucket: str) -> str:
+        """Which server holds ``bucket``: the master of its slot in a cluster (as the client's
+        slot map says: after a failover, the promoted one), else the one server ("")."""
+        cluster = self._cluster
+        if cluster is None or not bucket:
+            return ""
+        try:
+            return cluster.nodes_manager.get_node_from_slot(cluster.keyslot(bucket)).name
+        except Exception:   # the slot map does not cover it (yet): one window for those
+            return "?"
+
+    def _is_down(self, bucket: str, now: float) -> bool:
+        down = self._down
+        until = max(down.get(self._server(bucket), 0.0), down.get("", 0.0))
+        return now < until
+
+    def _any_down(self, now: float) -> bool:
+        return any(now < until for until in list(self._down.values()))
 
     def _probe(self) -> None:
         """One keyed read on the bucket that failed last (in a cluster: its slot's master)."""
@@ -497,15 +521,16 @@ class LeasedAdmission:
             except Exception:
                 log.exception("admission: flush failed")
             if self.degraded.degraded:   # the summary; and Redis back when no call tried it
-                self.degraded.tick(self._probe if self._clock() >= self._down_until else None)
+                self.degraded.tick(None if self._any_down(self._clock()) else self._probe)
 
     def flush(self) -> None:
         now = self._clock()
-        if now < self._down_until:
-            return
         for lease in list(self._leases.values()):
-            if lease.rate is None:
-                self._settle_quota(lease, now)
+            if lease.rate is None and not (self._down and self._is_down(lease.bucket, now)):
+                try:
+                    self._settle_quota(lease, now)
+                except redis.RedisError as exc:
+                    self._redis_down(exc, lease.bucket)
 
     def _settle_quota(self, lease: _Lease, now: float) -> None:
         # The Redis call is made holding the lease's lock, as _spend_quota's is: released in

@@ -10,6 +10,8 @@ on the session's PostgreSQL: two real gunicorn masters (``GATEWAY_REDIS_FAILURE=
   ``Retry-After`` and only during the gap, never a 500 nor a dropped connection, every body
   right; then every worker leases and beats on the promoted replica, and a change made
   afterwards is seen by every call that starts after it returns;
+- a key whose buckets are on the other masters is not refused, ``closed`` included (the
+  fallback's 250 ms windows are per server);
 - a quota bucket the promoted replica never received (it lagged: stopped while the key was
   spent) is rebuilt from the run history: a 300-call quota admits exactly 300.
 """
@@ -79,10 +81,16 @@ def test_master_killed_under_load(cluster, masters, admin):
         masters, admin, cluster.client, fail=doomed.kill,
         promoted=lambda: cluster.wait_master(replica, 20),
         # the key's rate bucket on the master that dies, with the bus
-        pick_key=lambda kid: cluster.master_of(f"gw:{{rl:key:{kid}}}") is doomed)
+        pick_key=lambda kid: cluster.master_of(f"gw:{{rl:key:{kid}}}") is doomed,
+        # a key whose rate and quota buckets are on the masters that live
+        bystander=lambda kid: doomed not in (cluster.master_of(f"gw:{{rl:key:{kid}}}"),
+                                             cluster.master_of(f"gw:{{q:{kid}}}:x")))
     print(report(result, "cluster, master SIGKILL"))
     cluster.restore(doomed)
 
+    # The failover of one master refuses no key whose buckets live elsewhere, even closed.
+    bystander = result.calls.pop("bystander")
+    assert len(bystander) > 20 and set(statuses(bystander)) == {(200, None)}, statuses(bystander)
     for mode, calls in result.calls.items():
         allowed = {(200, None)} | ({(503, "admission_unavailable")} if mode == "closed" else set())
         assert set(statuses(calls)) <= allowed, (mode, statuses(calls))

@@ -69,26 +69,24 @@ def fleet_shared(redis_client, masters: list[Master], bucket: str, since_ms: int
 
 def failover_under_load(masters: dict[str, Master], admin: Api, redis_client: Callable[[], object],
                         fail: Callable[[], None], promoted: Callable[[], None],
-                        pick_key: Callable[[int], bool] = lambda key: True) -> Failover:
+                        pick_key: Callable[[int], bool] = lambda key: True,
+                        bystander: Callable[[int], bool] | None = None) -> Failover:
     """``fail()`` starts the failover, ``promoted()`` returns once the new master serves;
     ``pick_key(id)``: whether a key's id suits the test (a cluster: its bucket on the master
-    that will fail)."""
+    that will fail); ``bystander(id)``: a second key that suits it is called on the
+    ``closed`` master too (its calls under ``"bystander"``: a cluster, its buckets on the
+    masters that do not fail)."""
     connection = admin.connection()
     query = admin.query("SELECT 1 AS v", connection=connection)
     admin.ok("POST", f"/queries/{query}/versions",
              {"connection_name": connection, "sql": "SELECT 2 AS v", "parameters": {}, "publish": False})
-    for _ in range(40):
-        # A limit well above what this machine serves: a refusal means "no Redis", not "too fast".
-        name, secret = admin.named_key([query], [connection], rate_limit="5000/second",
-                                       quota={"calls": 10_000_000, "per": "day"})
-        kid = key_id(admin.services.sql, name)
-        if pick_key(kid):
-            break
-    else:
-        raise AssertionError("no key id suited pick_key")
+    kid, secret = _key(admin, query, connection, pick_key)
     bucket = f"gw:{{rl:key:{kid}}}"
     path = f"/q/{query}"
     loads = {mode: Load(m.base, path, secret, threads=3, keep_bodies=True) for mode, m in masters.items()}
+    if bystander is not None:
+        loads["bystander"] = Load(masters["closed"].base, path, _key(admin, query, connection, bystander)[1],
+                                  threads=2, keep_bodies=True)
     client = redis_client()
     stream = EventStream(Connection(masters["open"].base))
     try:
@@ -121,6 +119,18 @@ def failover_under_load(masters: dict[str, Master], admin: Api, redis_client: Ca
         stream.close()
         client.close()
     return Failover(calls, failed, at_promotion, shared, changed, returned, events_after)
+
+
+def _key(admin: Api, query: str, connection: str, suits: Callable[[int], bool]) -> tuple[int, str]:
+    """A key with a rate limit and a quota whose id ``suits``: (id, secret)."""
+    for _ in range(60):
+        # A limit well above what this machine serves: a refusal means "no Redis", not "too fast".
+        name, secret = admin.named_key([query], [connection], rate_limit="5000/second",
+                                       quota={"calls": 10_000_000, "per": "day"})
+        kid = key_id(admin.services.sql, name)
+        if suits(kid):
+            return kid, secret
+    raise AssertionError("no key id suited the test")
 
 
 def _redis_ms_or_none(client) -> int | None:
