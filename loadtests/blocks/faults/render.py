@@ -17,14 +17,16 @@ def write(run_dir: Path) -> Path:
 
 
 def publish(run_dir: Path, docs: Path = DOCS) -> Path:
-    """Keep the run beside the reports (docs/bench/raw/<folder>/) and write docs/bench/<date>-faults.md."""
+    """Keep the run beside the reports (docs/bench/raw/<folder>/) and write docs/bench/<date>-faults.md
+    (<date>-faults-direct.md for a run with the clients straight to the masters)."""
     run_dir = Path(run_dir)
     raw = docs / 'raw' / run_dir.name
     raw.mkdir(parents=True, exist_ok=True)
     for name in ('meta.json', 'results.jsonl', 'results.md'):
         shutil.copy(run_dir / name, raw / name)
     meta, runs = rundir.load(run_dir)
-    page = docs / f'{(meta.get("started_at") or "undated")[:10]}-faults.md'
+    direct = '-direct' if meta.get('settings', {}).get('via') == 'direct' else ''
+    page = docs / f'{(meta.get("started_at") or "undated")[:10]}-faults{direct}.md'
     page.write_text(render(meta, runs, raw=f'raw/{run_dir.name}/'))
     return page
 

@@ -75,7 +75,7 @@ def parse_args(argv=None):
                         help='PostgreSQL here, Redis +1, nginx +10, the masters +11 and +12 (default 55100)')
     parser.add_argument('--out', type=Path, default=rundir.RESULTS)
     parser.add_argument('--publish', action='store_true',
-                        help='copy the run to docs/bench/raw/ and write docs/bench/<date>-faults.md')
+                        help='copy the run to docs/bench/raw/ and write docs/bench/<date>-faults[-direct].md')
     parser.add_argument('--allow-dirty', action='store_true',
                         help='run from a tree with uncommitted changes (a smoke run; not a result)')
     args = parser.parse_args(argv)
