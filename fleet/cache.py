@@ -35,7 +35,8 @@ import redis.client
 
 from gateway.cache.entry import seal, unseal
 
-from .bus import _HEARTBEAT, _PENDING, client, worker_id
+from .bus import _HEARTBEAT, _PENDING, worker_id
+from .redis_client import RedisLink
 
 if TYPE_CHECKING:
     from gateway.cache.entry import Entry
@@ -96,7 +97,7 @@ class RedisSharedTier:
     """Entries shared by every worker of the fleet. Redis away: a miss, nothing stored."""
 
     def __init__(self, url: str, secret: bytes, timeout_s: float = 0.25) -> None:
-        self._redis = client(url, timeout_s)
+        self._redis = RedisLink(url).client(timeout_s, health_check_interval=0)
         self._secret = secret
         self._put = self._redis.register_script(_PUT)
         self._purge = self._redis.register_script(_PURGE)
@@ -171,13 +172,13 @@ class RedisCacheSync:
 
     def __init__(self, url: str, lease_ms: int, ping_ms: int, sync_timeout_ms: int,
                  shared: RedisSharedTier | None = None) -> None:
-        self._url = url
+        self._link = RedisLink(url)
         self._shared = shared
         self._served = False
         self._lease_s = lease_ms / 1000
         self._ping_s = ping_ms / 1000
         self._sync_timeout_s = sync_timeout_ms / 1000
-        self._redis = client(url)
+        self._redis = self._link.client(0.5, health_check_interval=0)
         self._heartbeat = self._redis.register_script(_HEARTBEAT)
         self._pending = self._redis.register_script(_PENDING)
         # One per cache (not per process): apps in one process (tests) must not ack for each other.
@@ -215,9 +216,12 @@ class RedisCacheSync:
             backoff = min(backoff * 2, 0.5)
 
     def _serve(self, memory: MemoryCache) -> None:
-        pubsub = client(self._url, timeout_s=max(self._ping_s * 2, 0.5)).pubsub(ignore_subscribe_messages=True)
+        # The catalog bus's way (fleet.bus): sharded pub/sub in a cluster, on the master of the slot.
+        pubsub = self._link.subscriber(CHANNEL, max(self._ping_s * 2, 0.5)).pubsub()
         try:
-            pubsub.subscribe(CHANNEL)
+            self._link.subscribe(pubsub, CHANNEL)
+            subscribed = False
+            switches = self._link.switches()
             # Subscribed: whatever is published from now on arrives. Anything before may have
             # been missed while away, so memory starts empty, and everything up to now is acknowledged.
             memory.clear()
@@ -232,14 +236,23 @@ class RedisCacheSync:
             while not self._stop.is_set():
                 message = pubsub.get_message(timeout=self._ping_s)
                 if message is not None:
-                    if message["type"] == "message":
+                    kind = message["type"]
+                    if kind in ("message", "smessage"):
                         doc = orjson.loads(message["data"])
                         memory.apply(doc["purge"])
                         self.applied += 1
                         self._acknowledge(int(doc["seq"]))
-                    elif message["type"] == "pong" and ping_sent is not None:
+                    elif kind == "pong" and ping_sent is not None:
                         self._fresh_until = ping_sent + self._lease_s
                         ping_sent = None
+                    elif kind in ("subscribe", "ssubscribe"):
+                        if subscribed:   # re-established under us: purges may have been missed
+                            raise redis.ConnectionError("the subscription was re-established")
+                        subscribed = True
+                    elif kind in ("unsubscribe", "sunsubscribe"):
+                        raise redis.ConnectionError("the server ended the subscription (the slot moved)")
+                if self._link.switches() != switches:   # Sentinel moved the master
+                    raise redis.ConnectionError("the master moved")
                 now = time.monotonic()
                 if ping_sent is not None and now - ping_sent > self._lease_s:
                     raise redis.ConnectionError("no pong within the lease")
@@ -264,7 +277,9 @@ class RedisCacheSync:
         wait_s = self._sync_timeout_s if timeout_s is None else min(timeout_s, self._sync_timeout_s)
         try:
             seq = int(self._redis.incr(SEQ))
-            self._redis.publish(CHANNEL, orjson.dumps({"seq": seq, "purge": purge}))
+            pipe = self._redis.pipeline(transaction=False)
+            self._link.publish(pipe, CHANNEL, orjson.dumps({"seq": seq, "purge": purge}))
+            pipe.execute()
         except redis.RedisError as exc:
             # Nobody can be told. A management purge waits out the lease, so every worker has
             # stopped serving from memory before it returns; a write (timeout_s) does not wait.
