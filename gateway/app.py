@@ -44,7 +44,7 @@ from .store.history import HistoryWriter
 from .store.pool import WaitingPool
 from .store.purges import PurgeCounter
 from .store.schema import migrate
-from .store.spool import Spool, spool_folder
+from .store.spool import open_spool, spool_folder
 
 
 @dataclass
@@ -138,7 +138,7 @@ def build_app(settings: Settings, ports: Ports | None = None) -> GatewayApp:
     spool_root = spool_folder(settings.history_spool, settings.home)
     history = HistoryWriter(connect, worker_name(), settings.history_batch, settings.history_flush_ms,
                             settings.history_queue_max, settings.history_retention_days,
-                            spool=Spool(spool_root, worker_name()) if spool_root else None)
+                            spool=open_spool(spool_root, worker_name()) if spool_root else None)
     store_pool = WaitingPool(1, 4, settings.database_url, wait_s=settings.connect_timeout_s + 5,
                              connect_timeout=settings.connect_timeout_s, application_name="gateway-fleet-admin")
     metrics = Metrics({"queue_depth": history.depth, "dropped": lambda: history.dropped,
@@ -164,7 +164,7 @@ def build_app(settings: Settings, ports: Ports | None = None) -> GatewayApp:
     app.req_options.strip_url_path_trailing_slash = True
     http_errors.install(app)
 
-    admin = AdminCheck(settings.admin_key)
+    admin = AdminCheck(settings.admin_key, holder)   # a data key on /api/v1: 403 admin_only
     pipeline = Pipeline(holder, pools, history, settings, admission, cache)
     app.add_route("/q/{name}", QueryResource(pipeline, settings))
     app.add_route("/execute_sql", AdHoc(pipeline, settings, schemas))

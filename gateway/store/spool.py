@@ -26,6 +26,7 @@ import contextlib
 import fcntl
 import hashlib
 import io
+import logging
 import marshal
 import os
 import shutil
@@ -140,6 +141,17 @@ class Spool:
         os.close(self._lock_fd)
         with contextlib.suppress(OSError):
             self.root.rmdir()    # the last worker of the home leaves nothing behind
+
+
+def open_spool(root: Path, worker: str) -> Spool | None:
+    """The worker's spool, or None (logged) when its folder cannot be made: the worker then
+    serves without one, as with ``GATEWAY_HISTORY_SPOOL=off``, rather than not at all."""
+    try:
+        return Spool(root, worker)
+    except OSError as exc:
+        logging.getLogger("gateway.history").error("history: no crash spool in %s (%s): a crash of this "
+                                                   "worker loses the runs not yet stored", root, exc)
+        return None
 
 
 class Orphan:

@@ -22,7 +22,7 @@ import pytest
 
 from gateway.store.history import HistoryWriter, _Clock, copy_line
 from gateway.store.schema import migrate
-from gateway.store.spool import SUFFIX, Orphan, Spool, orphans, replay
+from gateway.store.spool import SUFFIX, Orphan, Spool, open_spool, orphans, replay
 from helpers.util import ROOT, wait_until
 
 
@@ -178,3 +178,13 @@ def test_a_record_cut_by_the_kill_is_left_out(tmp_path):
     assert list(orphans(root)) == []                  # claimed: no second replayer takes it
     claimed.done(remove=True)
     assert not writer.path.exists()
+
+
+def test_a_spool_that_cannot_be_made_leaves_the_worker_serving(tmp_path, caplog):
+    blocked = tmp_path / "not-a-folder"
+    blocked.write_text("")
+    assert open_spool(blocked, "w:1") is None
+    assert "no crash spool" in caplog.text
+    spool = open_spool(tmp_path / "spool", "w:1")
+    assert isinstance(spool, Spool)
+    spool.close()
