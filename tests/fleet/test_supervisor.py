@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 import time
 
 import pytest
@@ -159,3 +161,43 @@ def test_restart_at_once_then_backing_off_while_a_master_dies_young(tmp_path):
         assert delay <= gap <= delay + 0.25, gaps
     assert "was killed by signal 9" in lines[0]
 
+
+
+def test_a_running_master_is_adopted_and_started_again_when_it_dies(tmp_path):
+    """A supervisor started while a master of its home runs (the supervisor was killed and
+    ``fleet up`` ran again) watches that master by its pid instead of starting a second one."""
+    run = tmp_path / "run"
+    run.mkdir()
+    # A stand-in whose command line names gunicorn, as a master's does.
+    standin = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "gunicorn"])
+    try:
+        (run / "gunicorn-i0.pid").write_text(f"{standin.pid}\n")
+        (run / "gunicorn-i1.pid").write_text("999999\n")          # stale: nothing runs there
+        starts: list[str] = []
+        supervisor = sup.Supervisor(tmp_path, [("i0", "127.0.0.1:1"), ("i1", "127.0.0.1:2")], {},
+                                    log=lambda _: None)
+
+        def start(master):
+            starts.append(master.name)
+            master.proc = Alive()
+            master.starts += 1
+        supervisor.start = start
+        supervisor.adopt()
+        supervisor.tick()
+        assert starts == ["i1"]                                    # i0 adopted, not started twice
+        assert supervisor.masters[0].adopted == standin.pid
+        standin.kill()
+        standin.wait(5)
+        supervisor.tick()
+        assert starts == ["i1", "i0"]                              # gone: started again
+    finally:
+        standin.kill()
+        standin.wait(5)
+
+
+class Alive:
+    pid = 4243
+    returncode = None
+
+    def poll(self):
+        return None
