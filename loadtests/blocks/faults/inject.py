@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -32,13 +33,30 @@ def _since(t0: float) -> float:
     return round(time.monotonic() - t0, 3)
 
 
+def _start_again(start: Callable[[], None], t0: float, limit_s: float = 60) -> int:
+    """Start a server again, retrying while it fails (a postmaster refuses while a killed one's backend still holds
+    the shared memory; the port can be held for a moment by a client socket of another process, as these ports lie
+    in the ephemeral range); the attempts it took."""
+    attempts = 0
+    while True:
+        attempts += 1
+        try:
+            start()
+            return attempts
+        except (RuntimeError, OSError, subprocess.CalledProcessError):
+            if time.monotonic() - t0 > limit_s:
+                raise
+            time.sleep(0.2)
+
+
 def pg_restart(rig: Rig) -> dict:
     """`pg_ctl restart -m fast`, as fleet.local does it: SIGINT, wait for the postmaster to go, start and wait."""
     t0 = time.monotonic()
     rig.pg.stop()
     stopped = _since(t0)
-    rig.pg.start()
-    return {'done_at': time.monotonic(), 'stopped_after_s': stopped, 'answering_after_s': _since(t0)}
+    attempts = _start_again(rig.pg.start, t0)
+    return {'done_at': time.monotonic(), 'stopped_after_s': stopped, 'start_attempts': attempts,
+            'answering_after_s': _since(t0)}
 
 
 def pg_kill(rig: Rig) -> dict:
@@ -53,16 +71,7 @@ def pg_kill(rig: Rig) -> dict:
     wait_gone([pid], 5)
     backends_gone = wait_gone(children, 30)
     gone_after = _since(t0)
-    attempts = 0
-    while True:
-        attempts += 1
-        try:
-            rig.pg.start()
-            break
-        except RuntimeError:
-            if time.monotonic() - t0 > 60:
-                raise
-            time.sleep(0.2)
+    attempts = _start_again(rig.pg.start, t0)
     return {'done_at': time.monotonic(), 'backends_gone_after_s': gone_after if backends_gone else None,
             'start_attempts': attempts, 'answering_after_s': _since(t0)}
 
@@ -79,7 +88,7 @@ def redis_kill(rig: Rig) -> dict:
         os.kill(pid, signal.SIGKILL)
         wait_gone([pid], 10)
         rig.redis.pid_file.unlink(missing_ok=True)
-        rig.redis.start()
+        _start_again(rig.redis.start, t0)
         done = time.monotonic()
         lost = not client.exists(MARKER)
     finally:

@@ -61,8 +61,17 @@ class Rig:
             raise RigError(f'fleet {" ".join(args)} failed ({done.returncode}); see {self.log_path}')
         return ' '.join(cmd[1:])
 
-    def up(self) -> None:
-        self.fleet('up', '--instances', str(INSTANCES))
+    def up(self, attempts: int = 3) -> None:
+        """fleet up, tried again (it starts only what is missing) when it fails: these ports lie in the ephemeral
+        range, where a client socket of another process can hold one for a moment."""
+        for attempt in range(attempts):
+            try:
+                self.fleet('up', '--instances', str(INSTANCES))
+                break
+            except RigError:
+                if attempt == attempts - 1:
+                    raise
+                time.sleep(2)
         self.wait_whole(90)
 
     def down(self, keep_services: bool = False) -> None:
