@@ -10,7 +10,10 @@ worker forks, and the workers inherit its URLs.
 Worker class: gthread. Behind a load balancer connections are kept alive; gthread keeps
 idle keep-alive connections in a poller and hands only ready requests to its threads, so
 a worker holds hundreds of connections with a handful of threads, and it needs no extra
-dependency (docs/bench/ has the measurement against sync).
+dependency (docs/bench/ has the measurement against sync). ``gthread`` here means
+fleet/worker.py's subclass of it: the workers share one listening socket and balance their
+accepts through a table the master makes before forking (fleet/slots.py), and restart
+without a client noticing.
 """
 from __future__ import annotations
 
@@ -27,6 +30,7 @@ if TYPE_CHECKING:
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from fleet.slots import Slots  # noqa: E402
 from gateway.settings import Settings  # noqa: E402
 
 _settings = Settings.from_env()
@@ -38,7 +42,9 @@ if not (_settings.database_url and _settings.redis_url and _settings.admin_key a
 
 bind = [_settings.bind]
 workers = _settings.worker_count()
-worker_class = _settings.worker_class
+# "gthread": gunicorn's gthread balanced across this master's workers (fleet/worker.py).
+worker_class = ("fleet.worker.BalancedThreadWorker" if _settings.worker_class == "gthread"
+                else _settings.worker_class)
 threads = _settings.threads
 keepalive = _settings.keepalive
 # GATEWAY_REUSE_PORT=on: each worker its own listening socket, which the kernel spreads
@@ -68,10 +74,23 @@ proc_name = f"gateway-fleet{'-' + _settings.instance if _settings.instance else 
 _CPUS = _settings.usable_cpus()
 
 
+def _slots(server: Arbiter) -> Slots:
+    """The master's table of its workers (fleet/slots.py), kept on the arbiter: a reload
+    runs this file again, and old and new workers must share one table."""
+    table = getattr(server, "gw_slots", None)
+    if table is None:
+        table = Slots(4 * max(1, server.num_workers) + 8)   # room for a reload's two generations
+        server.gw_slots = table
+    return table
+
+
 def pre_fork(server: Arbiter, worker: Worker) -> None:
-    """In the master: give the new worker the first of the cores holding the fewest live
-    workers, so a respawned worker takes the core its predecessor left (also with more
-    workers than cores)."""
+    """In the master: a slot in the workers' table (fleet/worker.py balances by it), and the
+    first of the cores holding the fewest live workers, so a respawned worker takes the core
+    its predecessor left (also with more workers than cores)."""
+    table = _slots(server)
+    worker.gw_slots = table
+    worker.gw_slot = table.allocate(worker.age)
     if not _CPUS:
         worker.gw_cpu = None
         return
@@ -115,6 +134,8 @@ def post_worker_init(worker: Worker) -> None:
 
 def child_exit(server: Arbiter, worker: Worker) -> None:
     from prometheus_client import multiprocess
+
+    _slots(server).free(getattr(worker, "gw_slot", None))
 
     multiprocess.mark_process_dead(worker.pid)
 

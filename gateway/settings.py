@@ -56,18 +56,26 @@ class Settings:
     cpus: str = _doc("auto", "Cores to pin workers to: `auto` (the usable cores), a list "
                      "such as `0,2-3`, or `off` (no pinning).")
     worker_class: str = _doc("gthread", "gunicorn worker class: `gthread` (keep-alive, chosen by "
-                             "measurement: docs/bench/) or `sync` (no keep-alive).")
+                             "measurement: docs/bench/), here gunicorn's gthread balanced across the "
+                             "master's workers: a worker holding more connections than its least loaded "
+                             "sibling stops accepting and moves the excess with `Connection: close`, and "
+                             "restarts hand over without a failed call (fleet/worker.py); `sync` (no "
+                             "keep-alive); or a gunicorn class path such as "
+                             "`gunicorn.workers.gthread.ThreadWorker` (plain, unbalanced).")
     threads: int = _doc(8, "Threads per worker (gthread worker class).")
     keepalive: int = _doc(75, "Seconds an idle keep-alive connection is held (longer than a "
                           "load balancer's idle timeout).")
-    reuse_port: str = _doc("off", "One listening socket per worker (`SO_REUSEPORT`): `on` spreads "
-                           "keep-alive connections across a master's workers (a shared socket hands bursts "
-                           "to whichever wakes first) but a worker that restarts (recycling, reload) resets "
-                           "or refuses connections queued for it, even with `net.ipv4.tcp_migrate_req=1` "
-                           "(measured: tests/fleet/test_balance.py); `auto`: on where that sysctl is 1; "
-                           "`off` (default): one shared socket, no connection lost on a restart.")
+    reuse_port: str = _doc("off", "One listening socket per worker (`SO_REUSEPORT`): `on` lets the "
+                           "kernel spread connections by a hash of their addresses (shares of 0.32-0.68 "
+                           "measured) and a worker that restarts (recycling, reload) can reset connections "
+                           "queued on its socket, even with `net.ipv4.tcp_migrate_req=1` "
+                           "(docs/bench/2026-11-30-balance.md); `auto`: on where that sysctl is 1; `off` "
+                           "(default): one shared socket, balanced by the workers, no connection lost on a "
+                           "restart.")
     max_requests: int = _doc(0, "Recycle a worker after this many requests (gunicorn `max_requests`, with "
-                             "a jitter of a tenth); 0: never. A recycled worker finishes what it holds.")
+                             "a jitter of a tenth); 0: never. A recycled worker finishes what it holds; "
+                             "with the `gthread` class workers recycle one at a time, each while a sibling "
+                             "serves (with a single worker, calls wait while its replacement boots).")
     max_body_bytes: int = _doc(1_048_576, "Largest request body accepted; larger answers 413.")
     instance: str = _doc("", "Name of this gunicorn master inside the fleet (used for its "
                          "control socket and heartbeat files). Empty: derived from the bind port.")

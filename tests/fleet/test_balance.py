@@ -1,27 +1,35 @@
 """Spreading connections over a master's workers, and what each listening mode costs.
 
-With one shared listening socket (the default), whichever worker wakes first accepts a burst
-of keep-alive connections and keeps them for their life: rounds of 0.00+0.94 and 0.61+0.00
-busy share were measured with two workers (the scale-out issue). With one socket per worker
-(``GATEWAY_REUSE_PORT=on``, ``SO_REUSEPORT``) the kernel spreads connections by a hash of
-their addresses, so every worker gets a share; but then a worker that restarts (``max_requests``
-recycling, a SIGHUP reload) resets the connections queued on its socket and, when every
-worker restarts at once, refuses new ones, even with ``net.ipv4.tcp_migrate_req=1``: the
-shared socket (the master's) never closes. Per-worker shares come from the store's run
-history, which names each worker.
+With one shared listening socket and plain gthread, whichever worker wakes first accepts a burst
+of keep-alive connections and keeps them for their life (rounds of 0.00+0.94 busy share were
+measured with two workers: the scale-out issue). fleet/worker.py keeps the one shared socket
+(connections queued on it survive any worker's exit) and balances the accepts. With one socket
+per worker (``GATEWAY_REUSE_PORT=on``, ``SO_REUSEPORT``) the kernel spreads connections by a hash
+of their addresses instead, and a worker that leaves resets what is queued on its socket.
+Per-worker shares of the requests come from the store's run history, which names each worker;
+the connections each worker holds, from /proc. One socket per worker is not tested here: it
+was measured (docs/bench/2026-11-30-balance.md) and is not the default.
+
+The balancer evens out connections. Requests follow connections while the workers get the same
+CPU: with pinned workers (the default) on this shared 2-core box, a core that other work keeps
+busier gives its worker fewer requests per connection (shares of 0.40-0.49 with connections at
+17/16 were measured at a load average of 10-17). Moving connections cannot fix that (a
+rate-weighted balancer was tried: 0.41-0.47), so requests are held to 15% of even where the
+workers share the cores (``cpus=off``), connections to one apart everywhere.
 """
 from __future__ import annotations
 
 import os
-import signal
 import time
 
 import pytest
 
+from fleet.worker import SLACK
 from helpers.api import Api
 from helpers.history import key_id, runs_by_worker
 from helpers.load import Load, statuses
 from helpers.masters import Master
+from helpers.procs import established_by_pid
 from helpers.util import wait_until
 
 pytestmark = [pytest.mark.slow,
@@ -29,7 +37,8 @@ pytestmark = [pytest.mark.slow,
 
 CONNECTIONS = 32
 ROUNDS = 3
-LEAST_SHARE = 0.25    # of the requests, per worker and round (a hash of 32 connections: below 8 of them ~0.1%)
+ROUND_S = 1.5
+EVEN_WITHIN = 0.15     # of an even share: each of 2 workers serves 42.5% to 57.5% of the requests
 
 
 def served_by_worker(superuser, name: str, expected: int) -> dict[str, int]:
@@ -42,59 +51,33 @@ def served_by_worker(superuser, name: str, expected: int) -> dict[str, int]:
     return {worker: counts.get(200, 0) for worker, counts in runs.items()}
 
 
-def test_one_socket_per_worker_gives_every_worker_a_share(services, superuser, tmp_path_factory):
-    master = Master(services, tmp_path_factory.mktemp("balance-home"), workers=2, cpus="auto", reuse_port="on")
+def test_every_worker_serves_an_even_share_of_keepalive_connections(services, superuser, tmp_path_factory):
+    # Workers not pinned: the scheduler gives them the same CPU, so requests follow connections.
+    # The default (pinned) is held to even connections, with restarts, in test_graceful.py.
+    master = Master(services, tmp_path_factory.mktemp("balance-home"), workers=2, cpus="off")
     master.start()
     admin = Api.over_http(master.base, services)
     try:
         connection = admin.connection()
         query = admin.query("SELECT 1 AS v", connection=connection)
-        shares = []
+        shares, spreads = [], []
         for _ in range(ROUNDS):
             name, secret = admin.named_key([query], [connection])     # one key a round: its own history
-            load = Load(master.base, f"/q/{query}", secret, threads=CONNECTIONS)
+            load = Load(master.base, f"/q/{query}", secret, threads=CONNECTIONS)   # 32 new connections at once
             with load:
-                time.sleep(2.0)
+                for _ in range(3):
+                    time.sleep(ROUND_S / 3)
+                    spreads.append(sorted(established_by_pid(master.worker_pids(), master.port).values()))
             calls = load.calls
             assert statuses(calls) == {(200, None): len(calls)}, statuses(calls)
             served = served_by_worker(superuser, name, len(calls))
+            assert len(served) <= 2, served
             shares.append(sorted(served.get(w, 0) / len(calls) for w in served) + [0.0] * (2 - len(served)))
     finally:
         admin.close()
         master.stop()
-    print("per-worker shares of the requests, each round:", [[round(s, 3) for s in r] for r in shares])
-    assert all(min(r) >= LEAST_SHARE for r in shares), shares
-
-
-@pytest.mark.parametrize("reuse_port", [
-    "off",
-    pytest.param("on", marks=pytest.mark.xfail(
-        strict=True, reason="one socket per worker: a recycled worker resets the connections queued on its "
-                            "socket, and while both recycle at once connections are refused (measured 128 and "
-                            "736 connection errors in 2,300 calls, tcp_migrate_req=1 or not); open")),
-])
-def test_recycling_and_reloading_under_load_lose_no_connection(services, tmp_path_factory, reuse_port):
-    # A new connection for every call (close=True): the accept queues are never empty, so a
-    # socket that closed with connections queued on it shows as connection errors.
-    master = Master(services, tmp_path_factory.mktemp("recycle-home"), workers=2, cpus="auto",
-                    reuse_port=reuse_port, max_requests=300)
-    master.start()
-    admin = Api.over_http(master.base, services)
-    try:
-        connection = admin.connection()
-        query = admin.query("SELECT 1 AS v", connection=connection)
-        _, secret = admin.named_key([query], [connection])
-        first = set(master.worker_pids())
-        load = Load(master.base, f"/q/{query}", secret, threads=8, close=True, keep_bodies=True)
-        with load:
-            wait_until(lambda: not set(master.worker_pids()) & first, 30, 0.1, "both workers recycled")
-            master.proc.send_signal(signal.SIGHUP)
-            time.sleep(2.0)
-        calls = load.calls
-    finally:
-        admin.close()
-        master.stop()
-    print(f"reuse_port={reuse_port}: {len(calls)} calls across recycling and a reload: {statuses(calls)}")
-    assert len(calls) > 600
-    assert statuses(calls) == {(200, None): len(calls)}, statuses(calls)
-    assert all(c.body == [{"v": 1}] for c in calls)
+    print(f"connections held by each worker {spreads}; shares of the requests, each round:",
+          [[round(s, 3) for s in r] for r in shares])
+    # 32 load connections and the admin's one: at most SLACK + 1 apart, at every look.
+    assert all(sum(s) >= CONNECTIONS and s[-1] - s[0] <= SLACK + 1 for s in spreads), spreads
+    assert all(abs(s - 0.5) <= EVEN_WITHIN * 0.5 for r in shares for s in r), shares

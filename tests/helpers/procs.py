@@ -50,3 +50,33 @@ def wait_gone(pid: int, timeout_s: float) -> bool:
             return False
         time.sleep(0.05)
     return True
+
+
+def established_by_pid(pids, port: int) -> dict[int, int]:
+    """{pid: established TCP connections it holds on local ``port``} for each of ``pids``
+    (from /proc/net/tcp and each process's file descriptors)."""
+    inodes = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            lines = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            fields = line.split()
+            if fields[3] == "01" and int(fields[1].rsplit(":", 1)[1], 16) == port:   # 01: ESTABLISHED
+                inodes.add(fields[9])
+    counts = {}
+    for pid in pids:
+        held = set()
+        try:
+            for fd in os.listdir(f"/proc/{pid}/fd"):
+                try:
+                    link = os.readlink(f"/proc/{pid}/fd/{fd}")
+                except OSError:
+                    continue
+                if link.startswith("socket:[") and link[8:-1] in inodes:
+                    held.add(link)
+        except OSError:
+            pass
+        counts[pid] = len(held)
+    return counts

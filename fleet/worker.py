@@ -1,0 +1,313 @@
+"""gunicorn's threaded worker (gthread), balanced across the workers of its master, and
+restarted without a client noticing.
+
+Why: every worker waits on one shared listening socket, and whichever wakes first accepts a
+burst of keep-alive connections that stay with it for their life (shares of 0.00+0.94 were
+measured with two workers). One socket per worker (``SO_REUSEPORT``) spreads them, but then a
+worker that leaves resets the connections queued on its socket. So the socket stays shared,
+and (like nginx's ``accept_mutex``/``accept_disabled``) a worker stops polling it while it
+holds more connections than the least loaded of its serving siblings plus ``SLACK``; the
+least loaded one is always polling, so the socket is never left unwatched. gthread accepts
+one connection per wake-up and this worker re-reads the table after each accept, so one
+wake-up cannot swallow a burst. Connections that are already unevenly spread (a sibling
+restarted, was killed, or came up late) are moved by answering a request on each excess
+connection with ``Connection: close``: the client reconnects, and only under-loaded workers
+are accepting.
+
+Restarts:
+- SIGHUP reload: gunicorn forks the new workers and stops the old ones at once, while the new
+  ones still load the application (about a second: every call stalled that long). An old
+  worker told to stop keeps serving while a younger sibling is still booting, at most
+  ``HANDOVER_MAX_S``.
+- ``max_requests`` recycling: a worker leaves only while every sibling is serving, and not
+  within ``RECYCLE_SPACING_S`` of one being away (one at a time, under the table's lock): the
+  others carry the load while its replacement boots, and a replacement that just started is
+  not left alone with every client at once.
+- A worker killed (SIGKILL) loses the calls it had in flight; connections queued on the shared
+  socket are served by the others, and the replacement is given its share by shedding.
+- Leaving (any reason): gthread stops polling the socket, finishes what it holds and answers
+  a request arriving on a kept-alive connection with ``Connection: close``. Connections still
+  queued on the shared socket are served by the siblings, or by the replacement.
+- Stopping the master: the master closes its copy of the socket first; a worker that sees
+  that accepts what is queued, then shuts the socket down, so later clients are refused (they
+  sent nothing) instead of being queued and reset when the last copy closes. (A USR2 binary
+  upgrade would share the socket with a new master: the fleet does not use it.)
+- Closing a connection never blocks the loop (``_close_gently``).
+
+With ``reuse_port`` (a socket per worker) the kernel spreads connections: no balancing, and a
+leaving worker drains and shuts its own socket.
+"""
+from __future__ import annotations
+
+import errno
+import os
+import selectors
+import socket
+import sys
+import threading
+import time
+from typing import Any
+
+from gunicorn.workers.gthread import ThreadWorker
+
+from fleet.slots import BOOTING, LEAVING, SERVING, Slots
+
+SLACK = 1                 # connections a worker may hold above the least loaded sibling
+EVALUATE_EVERY_S = 0.005  # re-read the table at least this often while serving
+IDLE_POLL_S = 0.005       # while not accepting: look again this soon (a sibling may have caught up)
+HANDOVER_MAX_S = 30.0     # an old worker waits at most this long for its replacements to serve
+RECYCLE_SPACING_S = 2.0   # a worker recycles no sooner than this after a sibling was away
+CLOSE_LINGER_S = 2.0      # a closed connection waits at most this long for the client's own close
+
+
+class BalancedThreadWorker(ThreadWorker):
+    """gthread with balanced accepts, connection shedding and handover (module docstring).
+
+    The master hands it ``gw_slots`` (the shared table) and ``gw_slot`` (its slot) in
+    ``pre_fork`` (fleet/gunicorn_conf.py); without them it behaves as plain gthread."""
+
+    gw_slots: Slots | None = None
+    gw_slot: int | None = None
+    alive: bool            # gunicorn's (untyped) attributes this class reads and writes
+    max_requests: int
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # gunicorn's own max_requests check would stop this worker at once, whatever its
+        # siblings are doing; this worker leaves at that count when a sibling can take over.
+        self._recycle_at = self.max_requests
+        self.max_requests = sys.maxsize
+        self._fair = True
+        self._next_evaluation = 0.0
+        self._handover_until = 0.0
+        self._left = False
+        self._shed = 0             # responses still to be sent with Connection: close
+        self._marked = 0           # connections marked for it and not yet closed
+        self._shed_lock = threading.Lock()
+        self._closing: dict[socket.socket, float] = {}
+        self._sibling_away_at = 0.0
+        self._one_socket_each = bool(self.cfg.reuse_port)
+
+    # --- the table ---------------------------------------------------------------------------
+    @property
+    def _balanced(self) -> bool:
+        return self.gw_slots is not None and self.gw_slot is not None and not self._one_socket_each
+
+    def run(self) -> None:
+        if self.gw_slots is not None and self.gw_slot is not None:
+            self.gw_slots.set_state(self.gw_slot, SERVING, os.getpid())
+        try:
+            super().run()
+        finally:
+            self._expire_closing(0.0, everything=True)
+
+    def _younger_booting(self) -> bool:
+        assert self.gw_slots is not None and self.gw_slot is not None
+        return any(state == BOOTING and age > self.age for state, age, _ in self.gw_slots.others(self.gw_slot))
+
+    def _may_leave(self) -> bool:
+        """Whether siblings carry the load while this worker and its replacement are away: none
+        of them is away itself (booting, leaving), and one serves (with a single worker the
+        socket has nobody else, and its queue waits for the replacement)."""
+        assert self.gw_slots is not None and self.gw_slot is not None
+        states = [state for state, _, _ in self.gw_slots.others(self.gw_slot)]
+        now = time.monotonic()
+        if not all(state == SERVING for state in states):
+            self._sibling_away_at = now
+            return False
+        # Not at once when a replacement starts serving either: the clients of the worker that
+        # left would follow this one's out again, and one worker would hold them all.
+        return now - self._sibling_away_at >= RECYCLE_SPACING_S and (bool(states) or self.cfg.workers == 1)
+
+    # --- accepting -----------------------------------------------------------------------------
+    def set_accept_enabled(self, enabled: bool) -> None:
+        if not self.alive and not self._left and self.gw_slots is not None and self.gw_slot is not None:
+            self._leave()      # gthread's loop ended (SIGTERM, parent gone): before it drains
+        super().set_accept_enabled(enabled and self._fair)
+
+    def accept(self, listener: socket.socket) -> None:
+        super().accept(listener)
+        if self._balanced and self.alive:
+            self._evaluate(time.monotonic())
+
+    def _evaluate(self, now: float) -> None:
+        """Publish this worker's connections; accept only while at most SLACK above the least
+        loaded serving sibling; shed what exceeds an even share (rounded up) by more than SLACK."""
+        slots, slot = self.gw_slots, self.gw_slot
+        assert slots is not None and slot is not None
+        self._next_evaluation = now + EVALUATE_EVERY_S
+        mine = self.nr_conns
+        slots.set_connections(slot, mine)
+        least, total, serving = None, mine, 1
+        for state, _, conns in slots.others(slot):
+            if state == SERVING:
+                least = conns if least is None else min(least, conns)
+                total += conns
+                serving += 1
+        self._fair = least is None or mine <= least + SLACK
+        even = -(-total // serving)
+        with self._shed_lock:
+            self._shed = max(0, mine - even - self._marked) if mine > even + SLACK else 0
+        self.set_accept_enabled(self.alive and self.nr_conns < self.worker_connections)
+
+    # --- the loop ------------------------------------------------------------------------------
+    def wait_for_and_dispatch_events(self, timeout: float) -> None:
+        if self._closing:
+            self._expire_closing(time.monotonic())
+            timeout = min(timeout, CLOSE_LINGER_S)
+        if self.gw_slots is not None and self.gw_slot is not None:
+            timeout = self._tend(timeout)
+        super().wait_for_and_dispatch_events(timeout)
+
+    def _tend(self, timeout: float) -> float:
+        """Once per turn of gthread's loop (serving and draining): hand over, recycle, balance."""
+        now = time.monotonic()
+        if self.alive and self._handover_until:
+            if now < self._handover_until and self._younger_booting():
+                pass
+            else:
+                self._handover_until = 0.0
+                self.alive = False
+        if self.alive and self.nr >= self._recycle_at:
+            self._recycle()
+        if not self.alive:
+            if not self._left:
+                self._leave()
+            return timeout
+        if self._one_socket_each:
+            return timeout
+        if now >= self._next_evaluation or not self._accepting:
+            self._evaluate(now)
+        return timeout if self._accepting else min(timeout, IDLE_POLL_S)
+
+    def _recycle(self) -> None:
+        """Leave after ``max_requests``, when ``_may_leave``: one worker at a time."""
+        slots = self.gw_slots
+        assert slots is not None and self.gw_slot is not None
+        if not slots.leave_lock.acquire(False):
+            return
+        try:
+            if not self._may_leave():
+                return
+            self.log.info("Autorestarting worker after %s requests.", self.nr)
+            self.alive = False
+            self._leave()
+        finally:
+            slots.leave_lock.release()
+
+    def _leave(self) -> None:
+        assert self.gw_slots is not None and self.gw_slot is not None
+        self._left = True
+        self.gw_slots.set_state(self.gw_slot, LEAVING)
+        ThreadWorker.set_accept_enabled(self, False)
+        if self._one_socket_each or not self._master_holds_socket():
+            self._close_listeners()
+
+    # --- stopping the master -------------------------------------------------------------------
+    def _master_holds_socket(self) -> bool:
+        """Whether the master still has the listening socket open (it closes it first when it
+        stops; it keeps it for a reload and a worker's restart)."""
+        try:
+            inodes = {os.fstat(s.fileno()).st_ino for s in self.sockets}
+            fd_dir = f"/proc/{self.ppid}/fd"
+            if os.getppid() != self.ppid:
+                return False
+            for fd in os.listdir(fd_dir):
+                try:
+                    link = os.readlink(f"{fd_dir}/{fd}")
+                except OSError:
+                    continue
+                if link.startswith("socket:[") and int(link[8:-1]) in inodes:
+                    return True
+        except OSError:
+            return True    # cannot tell (no /proc): leave the socket to the last close, as gunicorn does
+        return False
+
+    def _close_listeners(self) -> None:
+        """Serve what is queued, then stop the socket taking connections (Linux: a listening
+        socket shut down refuses new ones), so that none is queued to be reset later."""
+        for listener in self.sockets:
+            try:
+                listener.setblocking(False)
+                while True:
+                    before = self.nr_conns
+                    self._accept_one(listener)
+                    if self.nr_conns == before:
+                        break
+                listener.shutdown(socket.SHUT_RD)
+            except OSError as error:
+                if error.errno not in (errno.ENOTCONN, errno.EINVAL, errno.EBADF):
+                    self.log.warning("closing the listening socket: %s", error)
+
+    def _accept_one(self, listener: socket.socket) -> None:
+        ThreadWorker.accept(self, listener)
+
+    # --- signals -------------------------------------------------------------------------------
+    def handle_exit(self, sig: int, frame: Any) -> None:
+        """SIGTERM: during a reload (a younger sibling still booting) keep serving until it
+        serves, instead of leaving the socket to nobody while the application loads."""
+        if (self.alive and not self._handover_until and self.gw_slots is not None
+                and self.gw_slot is not None and self._younger_booting()):
+            self._handover_until = time.monotonic() + HANDOVER_MAX_S
+            self.method_queue.defer(lambda: None)      # wake the loop
+            return
+        super().handle_exit(sig, frame)
+
+    # --- moving connections --------------------------------------------------------------------
+    def handle_request(self, req: Any, conn: Any) -> bool:
+        if self._shed > 0 and not getattr(conn, "gw_shed", False):
+            with self._shed_lock:
+                if self._shed > 0:
+                    self._shed -= 1
+                    self._marked += 1
+                    conn.gw_shed = True
+                    req.must_close = True         # this answer says Connection: close
+        return bool(super().handle_request(req, conn))
+
+    def finish_request(self, conn: Any, fs: Any) -> None:
+        if getattr(conn, "gw_shed", False):
+            conn.gw_shed = False
+            with self._shed_lock:
+                self._marked -= 1
+        if fs.done() and not fs.cancelled() and fs.exception() is None and fs.result() is False:
+            conn.close = lambda graceful=False: self._close_gently(conn.sock)
+        super().finish_request(conn, fs)
+
+    # --- closing without stalling the loop -----------------------------------------------------
+    def _close_gently(self, sock: socket.socket) -> None:
+        """gunicorn closes a connection after its last answer by sending FIN and then reading,
+        on the loop's own thread, until the client closes too (up to 2 s), so that unread bytes
+        do not turn the close into a reset; every other connection of the worker waits
+        meanwhile (hundreds of ms on a loaded box, once per connection a restart closes). Here
+        the loop watches for the client's close instead, and closes at CLOSE_LINGER_S at the latest."""
+        try:
+            sock.setblocking(False)
+            sock.shutdown(socket.SHUT_WR)
+            self.poller.register(sock, selectors.EVENT_READ, self._on_closing_readable)
+        except (OSError, ValueError, KeyError):
+            sock.close()
+            return
+        self._closing[sock] = time.monotonic() + CLOSE_LINGER_S
+
+    def _on_closing_readable(self, sock: socket.socket) -> None:
+        try:
+            if sock.recv(65536):
+                return                      # bytes the client sent after our last answer: dropped
+        except BlockingIOError:
+            return
+        except OSError:
+            pass
+        self._closed(sock)
+
+    def _closed(self, sock: socket.socket) -> None:
+        self._closing.pop(sock, None)
+        try:
+            self.poller.unregister(sock)
+        except (KeyError, ValueError, OSError):
+            pass
+        sock.close()
+
+    def _expire_closing(self, now: float, everything: bool = False) -> None:
+        for sock, deadline in list(self._closing.items()):
+            if everything or deadline <= now:
+                self._closed(sock)
