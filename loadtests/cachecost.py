@@ -65,7 +65,7 @@ def main(argv: list[str] | None = None) -> None:
     pg.start()
     redis_process = target = None
     try:
-        pg.ensure_database('gateway')
+        system.recreate_database(pg.url('postgres'), 'gateway')   # a fresh store (a new secret key each run)
         pg.ensure_database('demo')
         create_demo_data(pg.url('demo'))
         redis_process, redis_url = targets.start_redis(port=_port(), cpu=None, run_dir=run_dir)

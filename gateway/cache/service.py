@@ -36,6 +36,10 @@ if TYPE_CHECKING:
 log = logging.getLogger("gateway.cache")
 
 
+# The largest entry the shared tier takes when this worker keeps no memory (GATEWAY_CACHE_MAX_BYTES=0).
+_SHARED_MAX = 1 << 20
+
+
 class Purges(Protocol):
     """The store's purge counter (``gateway.store.purges.PurgeCounter``)."""
 
@@ -155,7 +159,7 @@ class ResponseCache:
                       encode_rows(result.columns, result.rows, result.rowcount))
         if fresh:
             memory.put(entry, epoch)
-        if token is not None and entry.payload is not None and entry.size <= memory.max_entry:
+        if token is not None and entry.payload is not None and entry.size <= (memory.max_entry or _SHARED_MAX):
             self._shared.put(entry, token)
         if shared:
             self.misses += 1
