@@ -21,7 +21,8 @@ RECOVER_S = 1.0
 
 class DegradedLog:
     """The healthy/degraded state of one worker's admission, and its log lines. ``admitted``
-    and ``refused`` count the calls decided locally (by the caller, in its fallback)."""
+    and ``refused`` count the calls decided locally (by the caller, in its fallback; without
+    a lock, under each bucket's own: a close count, for a log line)."""
 
     __slots__ = ("_log", "_summary_s", "_clock", "_lock", "degraded", "since", "last_error", "_last_failure",
                  "_next_summary", "admitted", "refused", "_summary_admitted", "_summary_refused", "_what")

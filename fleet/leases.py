@@ -74,10 +74,10 @@ as the client's slot map says), so the buckets on the other masters stay shared 
 and window, not one per key. The promoted replica then
 serves the buckets it had received. Writes it had not (asynchronous replication) are lost:
 a quota bucket it never received is rebuilt from the run history (above: at most the quota
-+ the calls in flight); one it received but behind the master counts the calls leased in
-the last replication lag (typically under a millisecond of leases; ``WAIT`` is not used) a
-second time for the fleet's benefit: the quota may admit up to those calls more. Rate
-buckets restart from what the replica held: at most one burst more, as above.
++ the calls in flight); one it received but behind the master lacks the calls leased in
+the last replication lag (typically under a millisecond of leases; ``WAIT`` is not used), so
+the quota may admit up to those calls more. Rate buckets restart from what the replica
+held: at most one burst more, as above.
 """
 from __future__ import annotations
 
