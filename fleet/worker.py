@@ -86,6 +86,7 @@ class BalancedThreadWorker(ThreadWorker):
         self._shed_lock = threading.Lock()
         self._closing: dict[socket.socket, float] = {}
         self._sibling_away_at = 0.0
+        self._socket_gone = False
         self._one_socket_each = bool(self.cfg.reuse_port)
 
     # --- the table ---------------------------------------------------------------------------
@@ -123,10 +124,19 @@ class BalancedThreadWorker(ThreadWorker):
     def set_accept_enabled(self, enabled: bool) -> None:
         if not self.alive and not self._left and self.gw_slots is not None and self.gw_slot is not None:
             self._leave()      # gthread's loop ended (SIGTERM, parent gone): before it drains
-        super().set_accept_enabled(enabled and self._fair)
+        super().set_accept_enabled(enabled and self._fair and not self._socket_gone)
 
     def accept(self, listener: socket.socket) -> None:
-        super().accept(listener)
+        try:
+            super().accept(listener)
+        except OSError as error:
+            if error.errno != errno.EINVAL:
+                raise
+            # A sibling shut the socket down (the master is stopping): nothing more to accept;
+            # this worker's own SIGTERM is on its way.
+            self._socket_gone = True
+            ThreadWorker.set_accept_enabled(self, False)
+            return
         if self._balanced and self.alive:
             self._evaluate(time.monotonic())
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import secrets
 import statistics
 import time
 from pathlib import Path
@@ -59,6 +60,8 @@ def main() -> None:
     run_dir = Path(args.local_pg) / "runs"
     redis, redis_url = targets.start_redis(port=args.redis_port, cpu=args.wrk_cpu, run_dir=run_dir)
     args.out.parent.mkdir(parents=True, exist_ok=True)
+    # One store for every master: one secret key to read the connection's password with.
+    secret = {"GATEWAY_SECRET_KEY": secrets.token_urlsafe(32)}
     results: dict[str, list[float]] = {name: [] for name in LAYOUTS}
     names = list(LAYOUTS)
     try:
@@ -69,7 +72,7 @@ def main() -> None:
             for name in order:
                 target = targets.start_gateway(port=args.port, cpu=args.cpu, store_url=store_url,
                                                redis_url=redis_url, run_dir=run_dir, root=args.root,
-                                               extra_env=LAYOUTS[name], name=name.replace(" ", "-"))
+                                               extra_env={**LAYOUTS[name], **secret}, name=name.replace(" ", "-"))
                 try:
                     targets.wait_healthy(target)
                     targets.provision(target, data_url)
