@@ -7,6 +7,8 @@ It imports no block: blocks import it (loadtests/blocks/), and bench.py reaches 
 from __future__ import annotations
 
 import json
+import os
+import signal
 import sys
 import time
 from contextlib import contextmanager
@@ -138,6 +140,7 @@ def run_rounds(block: Block, live: list[Target], args, probes: dict | None = Non
     ``extra``: more text for the progress line."""
     probes = probes or {}
     conns = args.connections
+    frozen = {t.name: [Frozen([o for o in live if o is not t])] for t in live}
     runs_total = args.rounds * len(conns) * len(live)
     per_run = args.duration + 1.0
     for target in live:
@@ -154,7 +157,7 @@ def run_rounds(block: Block, live: list[Target], args, probes: dict | None = Non
             for target in order:
                 record = block.measure(target, kind='run', round=r + 1, position=position, connections=c,
                                        duration_s=args.duration, order=[t.name for t in order],
-                                       **_probes(probes, target))
+                                       probes=list(probes.get(target.name, ())) + frozen[target.name])
                 position += 1
                 done += 1
                 left = (runs_total - done) * per_run + (len(live) * (args.floor_duration + 1) if args.floor_duration
@@ -174,7 +177,8 @@ def floor(block: Block, live: list[Target], phase: str, args):
         return
     for target in live:
         record = block.measure(target, kind='floor', phase=phase, connections=args.floor_connections,
-                               duration_s=args.floor_duration, health=True)
+                               duration_s=args.floor_duration, health=True,
+                               probes=[Frozen([o for o in live if o is not target])])
         log(progress_line(record, f'/health floor {phase}:'))
 
 
@@ -204,6 +208,36 @@ class WorkerCpu:
         calls = record.get('requests') or 0
         return {'worker_cpu_s': None if cpu is None else round(cpu, 3),
                 'worker_cpu_us_per_call': round(cpu / calls * 1e6, 1) if cpu is not None and calls else None}
+
+
+class Frozen:
+    """The block's other targets stopped (SIGSTOP to every process of their trees) for one run, and continued
+    after it: an idle server's threads (bus heartbeats, history and lease flushes, the peer's own) take no CPU
+    from the one measured, whatever the machine's core count. A pause lasts one run, far inside gunicorn's worker
+    timeout; after it, a short settle lets a continued gateway renew its bus lease before it is measured."""
+
+    SETTLE_S = 0.5
+
+    def __init__(self, others: list[Target]):
+        self.roots = [pid for t in others for pid in t.pids]
+        self.pids: list[int] = []
+
+    def _signal(self, sig: int):
+        for pid in self.pids:
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+
+    def start(self):
+        self.pids = system.process_tree(*self.roots)
+        self._signal(signal.SIGSTOP)
+
+    def finish(self, record: dict) -> dict:
+        self._signal(signal.SIGCONT)
+        if self.pids:
+            time.sleep(self.SETTLE_S)
+        return {'idle_frozen': len(self.pids)}
 
 
 class WorkerShares:

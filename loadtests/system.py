@@ -319,3 +319,11 @@ def tool_path(name: str) -> str | None:
 
 def python_version() -> str:
     return platform.python_version() + f' ({sys.executable})'
+
+
+def free_port() -> int:
+    """A TCP port nothing listens on now (the kernel's pick), for a short-lived server of the harness."""
+    import socket
+    with socket.socket() as sock:
+        sock.bind(('127.0.0.1', 0))
+        return sock.getsockname()[1]

@@ -44,6 +44,7 @@ from ... import peer, rundir, system, targets, wrk
 from ...harness import (
     WARMUP_CONNECTIONS,
     Block,
+    Frozen,
     WorkerShares,
     collect_versions,
     ensure_data,
@@ -241,20 +242,22 @@ def run_group(block: Block, group: list[Server], args, ctx: dict, progress: dict
                                        duration_s=args.warmup, **server.tags())
                 log(progress_line(record, f'warm-up {server.label}:'))
         floors = [s for s in live if s.workers == 1]
-        floor(block, floors, 'before', args)
+        floor(block, floors, 'before', args, live)
         for r in range(args.rounds):
             order = rotated(live, r)
             for position, server in enumerate(order):
                 connections = args.conns_per_worker * server.workers
-                extra = _idle_probe([s for s in live if s is not server])
+                extra = _idle_probe([s for s in live if s is not server], args.idle)
                 extra.setdefault('probes', []).append(WorkerShares(server.target.pids[0]))
+                if args.idle == 'frozen':     # last: the others are continued after every meter has stopped
+                    extra['probes'].append(Frozen([s.target for s in live if s is not server]))
                 record = block.measure(server.target, kind='run', round=r + 1, position=position,
                                        connections=connections, duration_s=args.duration,
                                        order=[s.label for s in order], **extra, **server.tags())
                 progress['done'] += 1
                 log(progress_line(record, f'round {r + 1}/{args.rounds} w={server.workers}') +
                     f'  [{progress["done"]}/{progress["total"]}]')
-        floor(block, floors, 'after', args)
+        floor(block, floors, 'after', args, live)
     finally:
         for server in reversed(live):
             targets.stop_process(server.target.process)
@@ -275,17 +278,19 @@ class IdleServers:
         return {'idle_servers_cores': None if used is None else round(used / record['duration_s'], 3)}
 
 
-def _idle_probe(others: list[Server]) -> dict:
-    """{'probes': [...]} when there are idle servers, else {}."""
-    return {'probes': [IdleServers(others)]} if others else {}
+def _idle_probe(others: list[Server], idle: str) -> dict:
+    """{'probes': [...]} measuring the idle servers' CPU when they keep running, else {}."""
+    return {'probes': [IdleServers(others)]} if others and idle == 'running' else {}
 
 
-def floor(block: Block, servers: list[Server], phase: str, args):
+def floor(block: Block, servers: list[Server], phase: str, args, live: list[Server]):
     if args.floor_duration <= 0:
         return
     for server in servers:
+        others = [s.target for s in live if s is not server]
         record = block.measure(server.target, kind='floor', phase=phase, connections=args.floor_connections,
-                               duration_s=args.floor_duration, health=True, **server.tags())
+                               duration_s=args.floor_duration, health=True,
+                               probes=[Frozen(others)] if args.idle == 'frozen' else [], **server.tags())
         log(progress_line(record, f'/health floor {phase} {server.label}:'))
 
 
@@ -308,6 +313,9 @@ def parse_args(argv=None):
     parser.add_argument('--floor-connections', type=int, default=32)
     parser.add_argument('--max-id', type=int, default=1_000_000)
     parser.add_argument('--wrk-timeout', type=float, default=None)
+    parser.add_argument('--idle', choices=('frozen', 'running'), default='frozen',
+                        help="the servers not being measured: stopped (SIGSTOP) for each run and continued after "
+                             "(default), or left running (their CPU is then measured as 'idle servers')")
     parser.add_argument('--wrk-threads', type=int, default=1,
                         help='wrk threads (default 1; give one per load core on a big machine: a thread checks '
                              'every body it reads)')
@@ -408,6 +416,7 @@ def _main(args, run_dir: Path, work_dir: Path) -> int:
         'command': ' '.join(shlex.quote(a) for a in [sys.executable, '-m', 'loadtests.bench', 'scaleout', *args.argv]),
         'settings': {'rounds': args.rounds, 'duration_s': args.duration, 'worker_counts': counts,
                      'conns_per_worker': args.conns_per_worker, 'wrk_threads': args.wrk_threads,
+                     'idle_servers': args.idle,
                      'warmup_s': args.warmup,
                      'warmup_connections': WARMUP_CONNECTIONS, 'floor_s': args.floor_duration,
                      'floor_connections': args.floor_connections, 'max_id': args.max_id, 'targets': args.targets,
@@ -475,7 +484,7 @@ def provision_stores(servers: list[Server], args, ctx: dict):
     load the catalog when they start)."""
     for name in args.targets:
         first = next(s for s in servers if s.target_name == name)
-        probe = Server(name, 1, first.cpus[:1], args.base_port + 90 + len(ctx['secrets']), set())
+        probe = Server(name, 1, first.cpus[:1], system.free_port(), set())   # not base+n: --redis-port may be there
         log(f'provisioning {name}\'s store through a 1-worker server on port {probe.port}')
         target = start_server(probe, args, {**ctx, 'work_dir': ctx['work_dir'] / 'provision'})
         try:
