@@ -137,8 +137,10 @@ class HistoryWriter:
             self._wake.clear()
             stopping = self._stop
             spool = self._spool
-            if spool is not None and not self._unstored:
-                spool.rotate()     # what the drain below takes is what the retired segments hold
+            if spool is not None:
+                spool.bound()
+                if not self._unstored:
+                    spool.rotate()     # what the drain below takes is what the retired segments hold
             self._drain()
             for observer in self._observers:
                 tick = getattr(observer, "tick", None)

@@ -40,6 +40,10 @@ if TYPE_CHECKING:
     import psycopg2.extensions
 
 _LENGTH = struct.Struct("<I")
+# What one worker's spool may hold. Normally two flush intervals of runs (kilobytes); it grows
+# only while the store is unreachable, and tmpfs is memory (64 MiB by default in a container,
+# shared with everything else there): past this, newer runs wait in memory only (counted).
+MAX_BYTES = 8 * 1024 * 1024
 LOCK = "lock"
 SUFFIX = ".spool"
 COLUMNS = "at, request_id, key_id, query, version, status, code, row_count, duration_ms, worker, admitted"
@@ -80,10 +84,12 @@ class Spool:
     """The spool of one worker. ``file`` is the segment request threads append to (read once
     per write: the history thread swaps it)."""
 
-    __slots__ = ("root", "path", "file", "_lock_fd", "_seq", "_retired", "_closing")
+    __slots__ = ("root", "path", "file", "full", "_lock_fd", "_seq", "_retired", "_closing", "_max")
 
-    def __init__(self, root: Path, worker: str) -> None:
+    def __init__(self, root: Path, worker: str, max_bytes: int = MAX_BYTES) -> None:
         self.root = root
+        self.full = False         # set by the history thread (``bound``) past ``max_bytes``
+        self._max = max_bytes
         root.mkdir(parents=True, exist_ok=True, mode=0o700)
         name = f"{worker.replace('/', '_').replace(':', '-')}-{uuid.uuid4().hex[:8]}"
         making = root / f".{name}"
@@ -106,12 +112,18 @@ class Spool:
     def write(self, run: tuple) -> bool:
         """Append one run (request threads). False when it could not be written (the spool's
         file system is full, or a late write met a segment already closed)."""
+        if self.full:
+            return False
         try:
             data = marshal.dumps(run)
             self.file.write(_LENGTH.pack(len(data)) + data)
             return True
         except (OSError, ValueError):
             return False
+
+    def bound(self) -> None:
+        """Note whether the spool is past its bound (the history thread, every flush)."""
+        self.full = sum(os.fstat(f.fileno()).st_size for f in [self.file, *self._retired]) > self._max
 
     def rotate(self) -> None:
         """Start a new segment (before a drain), when the current one holds anything."""

@@ -188,3 +188,24 @@ def test_a_spool_that_cannot_be_made_leaves_the_worker_serving(tmp_path, caplog)
     spool = open_spool(tmp_path / "spool", "w:1")
     assert isinstance(spool, Spool)
     spool.close()
+
+
+def test_a_spool_past_its_bound_takes_no_more_until_stored(tmp_path):
+    """While the store is away the spool grows; past its bound newer runs wait in memory only
+    (counted), so tmpfs is never filled."""
+    spool = Spool(tmp_path / "spool", "w:1", max_bytes=2000)
+    writer = HistoryWriter(None, "w:1", 500, 200, 100_000, spool=spool)
+    try:
+        record(writer, "bound-", 50)                      # ~60 bytes each: past 2,000
+        spool.bound()                                     # the history thread, at its next flush
+        assert spool.full
+        record(writer, "more-", 10)
+        assert writer.spool_failed == 10 and writer.depth() == 60   # all still queued in memory
+        spool.rotate()
+        spool.release()                                   # stored: the retired segment goes
+        spool.bound()
+        assert not spool.full
+        record(writer, "again-", 1)
+        assert writer.spool_failed == 10
+    finally:
+        spool.close()
