@@ -274,7 +274,42 @@ def require_clean_tree(allow_dirty: bool) -> None:
 # The data and the PostgreSQL a block runs against
 # --------------------------------------------------------------------------------------
 
+PG_SETTINGS = ('server_version', 'shared_buffers', 'effective_cache_size', 'work_mem', 'max_connections', 'fsync',
+               'synchronous_commit', 'wal_level', 'jit', 'huge_pages')
+
+
 def ensure_data(args) -> dict:
+    """The demo table (created with --create-data), read into shared_buffers, and the server's settings that decide
+    what a lookup costs, recorded so that two blocks' PostgreSQL can be compared (the reports print them)."""
+    data = _demo_table(args)
+    data['pg_settings'], data['prewarm'] = prewarm_and_describe(args.database_url)
+    log(f"PostgreSQL {data['pg_settings'].get('server_version')}, shared_buffers "
+        f"{data['pg_settings'].get('shared_buffers')}; {data['prewarm']}")
+    return data
+
+
+def prewarm_and_describe(url: str) -> tuple[dict, str]:
+    """pg_prewarm of the lookup's table and index (so every block starts with them in shared_buffers, whatever ran
+    before), and PG_SETTINGS."""
+    conn = system.pg_connect(url)
+    try:
+        conn.autocommit = True
+        with conn.cursor() as cur:
+            try:
+                cur.execute('CREATE EXTENSION IF NOT EXISTS pg_prewarm')
+                cur.execute("SELECT pg_prewarm('pgbench_accounts'), pg_prewarm('pgbench_accounts_pkey')")
+                table, index = cur.fetchone()
+                note = f'prewarmed pgbench_accounts ({table:,} blocks) and its primary key ({index:,} blocks)'
+            except Exception as error:     # an external server without the extension, or no right to create it
+                note = f'not prewarmed: {str(error).splitlines()[0]}'
+            cur.execute('SELECT name, setting, unit FROM pg_settings WHERE name = ANY(%s)', (list(PG_SETTINGS),))
+            settings = {name: setting + (f' ({unit})' if unit else '') for name, setting, unit in cur.fetchall()}
+        return settings, note
+    finally:
+        conn.close()
+
+
+def _demo_table(args) -> dict:
     try:
         return system.check_demo_table(args.database_url)
     except RuntimeError as missing:

@@ -37,6 +37,9 @@ def environment(meta) -> list[str]:
     if data:
         out.append(f'- Data: pgbench_accounts, {data.get("rows", 0):,} rows (aid {data.get("min_aid")}-'
                    f'{data.get("max_aid")}), in {data.get("database_url", "?")}')
+        if data.get('pg_settings'):
+            out.append('- PostgreSQL settings: ' + ', '.join(f'{k} {v}' for k, v in data['pg_settings'].items())
+                       + f'; {data.get("prewarm", "")}')
     out.append('')
     for target in meta.get('targets', []):
         out.append(f'- `{target["name"]}`: {target.get("description", "")} at {target.get("base_url")}, '
