@@ -130,7 +130,10 @@ class Spool:
         current = self.file
         if os.fstat(current.fileno()).st_size == 0:
             return
-        self.file = self._open()
+        try:
+            self.file = self._open()
+        except OSError:
+            return      # no new file (tmpfs full): keep appending to this one, deleted later
         self._retired.append(current)
 
     def release(self) -> None:
