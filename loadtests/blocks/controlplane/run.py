@@ -15,7 +15,8 @@ Steps, in order (every record goes to results.jsonl as it is made):
    every worker reads the whole catalog (the fallback, timed as `gap`).
 3. `full-load`: one whole-catalog read (gateway.model.catalog.load) in this process, what a new worker pays.
 4. `rss`: every worker's VmRSS before growing, after the keys, after the queries.
-5. `mgmt`: --samples calls of each kind (create key, patch key, publish, delete key), kinds rotated each round.
+5. `mgmt`: --samples calls of each kind (create key, patch key, publish, delete key), kinds rotated each round;
+   `mgmt-small`: --small-samples of each the same way before the catalog grows (step 0), for comparison in one run.
 6. `dataplane`: one caller, one keep-alive connection, /q/account?aid=R for --dp-seconds; with no change, and
    with a change (patch, publish, create, delete in turn) every --change-every seconds; conditions alternate,
    --dp-rounds rounds. Every answer's status and body are checked.
@@ -270,12 +271,17 @@ def full_load(store_url: str, write) -> None:
 def management_calls(changes: Changes, kinds, samples: int, rounds: int, workers: int, write, step: str,
                      master: int) -> None:
     per_round = max(1, samples // rounds)
+    idle = system.CpuMeter(master)   # the fleet's own background (heartbeats, pings, threads), no calls
+    idle.start()
+    time.sleep(2.0)
+    idle_cores = (idle.stop() or 0) / 2.0
     for r in range(rounds):
         for kind in rotated(list(kinds), r):
             got, errors = [], {}
             machine = Contention()
             gateway = system.CpuMeter(master)
             gateway.start()
+            began = time.monotonic()
             for _ in range(per_round):
                 status, ms = changes.make(kind)
                 if 200 <= status < 300:
@@ -287,6 +293,8 @@ def management_calls(changes: Changes, kinds, samples: int, rounds: int, workers
                       # the CPU every gateway process (master, workers) spent per call: the call and each
                       # worker applying it; unlike the wall time, other processes on the machine do not add to it
                       'gateway_cpu_ms_per_call': round((gateway.stop() or 0) * 1000 / max(per_round, 1), 2),
+                      'gateway_idle_cpu_ms_per_call': round(idle_cores * (time.monotonic() - began) * 1000
+                                                            / max(per_round, 1), 2),
                       **machine.stop()}
             write(record)
             log(f'{workers} workers, round {r + 1}, {kind}: p50 {record["latency_ms"].get("50")} ms, p99 '
@@ -369,6 +377,8 @@ def main(argv=None) -> int:
     parser.add_argument('--workers', type=int, default=4)
     parser.add_argument('--threads', type=int, default=4, help='GATEWAY_THREADS per worker')
     parser.add_argument('--samples', type=int, default=200, help='management calls of each kind at --workers')
+    parser.add_argument('--small-samples', type=int, default=100,
+                        help='management calls of each kind before the catalog grows (0: none)')
     parser.add_argument('--rounds', type=int, default=4, help='rounds the samples are split into')
     parser.add_argument('--dp-seconds', type=float, default=20)
     parser.add_argument('--dp-rounds', type=int, default=3)
@@ -439,6 +449,15 @@ def _main(args, run_dir: Path, work_dir: Path) -> int:
             if status != 201:
                 raise targets.TargetError(f'POST {path} answered {status}: {str(reply)[:300]}')
         rss = {'small': rss_kb(pids)}
+        if args.small_samples:   # the same calls on the small catalog first: what growing it changes
+            changes = Changes(target)
+            try:
+                for kind in KINDS:
+                    changes.make(kind)
+                management_calls(changes, KINDS, args.small_samples, args.rounds, args.workers, write, 'mgmt-small',
+                                 target.pids[0])
+            finally:
+                changes.close()
         grow_keys(target, args.keys, min(args.sequential_keys, args.keys), args.key_clients, write)
         rss['keys'] = rss_kb(pids)
         grow_queries(target, store_url, min(args.api_queries, args.queries), args.queries, write)
