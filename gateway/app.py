@@ -164,7 +164,7 @@ def build_app(settings: Settings, ports: Ports | None = None) -> GatewayApp:
     app.req_options.strip_url_path_trailing_slash = True
     http_errors.install(app)
 
-    admin = AdminCheck(settings.admin_key)
+    admin = AdminCheck(settings.admin_key, holder)   # a data key on /api/v1: 403 admin_only
     pipeline = Pipeline(holder, pools, history, settings, admission, cache)
     app.add_route("/q/{name}", QueryResource(pipeline, settings))
     app.add_route("/execute_sql", AdHoc(pipeline, settings, schemas))

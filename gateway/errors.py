@@ -59,15 +59,18 @@ def unavailable(code: str, message: str, retry_after: int = 1) -> GatewayError:
 # Every stable code, with its status and meaning: the README's error table is generated
 # from this, and a test checks that each code raised anywhere is listed here.
 CODES: dict[str, tuple[int, str]] = {
+    "unknown_field": (400, "A management body has a field this resource does not know; `errors` names it."),
+    "connection_required": (400, "`/execute_sql` was sent without `connection_name`."),
+    "sql_required": (400, "`/execute_sql` was sent without `sql`."),
     "invalid_body": (400, "The body is not JSON, not an object, or a field is missing, of the wrong type or out of "
                           "range; `errors` names the fields where it can."),
     "param_invalid": (400, "A query parameter failed validation; `errors` maps each field to its problem."),
     "param_required": (400, "A required query parameter is missing; `errors` names it."),
     "invalid_paging": (400, "`page` or `page_size` is not a positive integer, or `page_size` is above "
                             "`GATEWAY_MAX_PAGE_SIZE`."),
-    "invalid_format": (400, "`format` is not one of `json`, `ndjson`, `csv`."),
+    "invalid_format": (400, "`format` is not one of `json`, `ndjson`, `csv`, `tsv`."),
     "invalid_timeout": (400, "`timeout` is not a positive number of seconds."),
-    "invalid_stream": (400, "`stream` is not a boolean, or asks to stream `json` (stream `csv` or `ndjson`)."),
+    "invalid_stream": (400, "`stream` is not a boolean, or asks to stream `json` (stream `csv`, `tsv` or `ndjson`)."),
     "invalid_version": (400, "`version` is not a positive integer."),
     "invalid_cache": (400, "`cache` is not true or false."),
     "invalid_filter": (400, "A filter of a management listing (`/api/v1/history`, `/api/v1/audit`) is unknown or "
@@ -83,10 +86,14 @@ CODES: dict[str, tuple[int, str]] = {
                                     "back."),
     "unauthorized": (401, "No API key, an unknown key, or a wrong admin key."),
     "key_expired": (401, "The API key has passed its `expires_at`."),
-    "query_not_allowed": (403, "The key is not granted this query."),
-    "connection_not_allowed": (403, "The key is not granted the query's connection."),
+    "admin_only": (403, "A data key was sent to the Management API, which needs the admin key."),
+    "connection_forbidden": (403, "The key is granted neither the query (by name, or `\"*\"`) nor its connection "
+                             "(grants are additive); for `/execute_sql`, the key is not granted the connection."),
+    "connection_inactive": (403, "The connection is marked inactive."),
     "write_not_allowed": (403, "The query writes, or calls a function with side effects (`nextval`, advisory locks, "
                                "`txid_current`, ...), and the key or the server does not allow writes."),
+    "not_published": (404, "The query exists but has no published version (a draft is not served); a key that "
+                      "reaches it is told so, others get `query_not_found`."),
     "query_not_found": (404, "No published query by that name (drafts are not served)."),
     "version_not_found": (404, "The query has no such version, or that version was never published."),
     "connection_not_found": (404, "No connection by that name."),
@@ -106,7 +113,6 @@ CODES: dict[str, tuple[int, str]] = {
     "internal_error": (500, "A bug: reported with its request id, never with internals."),
     "database_unavailable": (503, "The data database cannot be reached; retry after `Retry-After`."),
     "store_unavailable": (503, "The gateway's store cannot be reached; retry after `Retry-After`."),
-    "connection_inactive": (503, "The connection is marked inactive."),
     "admission_unavailable": (503, "Redis is unreachable and `GATEWAY_REDIS_FAILURE=closed`; retry after "
                                    "`Retry-After`."),
     "events_unavailable": (503, "Live events need Redis, and none is configured."),

@@ -9,19 +9,24 @@ import psycopg2.extras
 
 from ..crypto import PasswordBox
 from ..errors import bad_request, conflict, not_found
+from ..model.drivers import DRIVER_OPTIONS
 from ..store import statements as store
 from .changes import Changes
 from .validate import iso, require_fields, valid_name
 
 FIELDS = {"name", "db", "host", "port", "database", "user", "password", "active", "options"}
-
-
 class Connections:
     def __init__(self, changes: Changes, password_box: PasswordBox) -> None:
         self._changes = changes
         self._box = password_box
 
     def _values(self, body: dict, partial: bool) -> dict:
+        drivers = {k: body[k] for k in body if k in DRIVER_OPTIONS}
+        if drivers:   # QueryAPIGate's form: driver options beside the fields, shown back under "options"
+            body = {k: v for k, v in body.items() if k not in DRIVER_OPTIONS}
+            if not isinstance(body.get("options", {}), dict):
+                raise bad_request("invalid_body", "invalid connection", errors={"options": "must be an object"})
+            body["options"] = {**body.get("options", {}), **drivers}
         require_fields(body, FIELDS)
         values: dict[str, Any] = {}
         errors: dict[str, str] = {}
@@ -55,6 +60,11 @@ class Connections:
         if "options" in body:
             if not isinstance(body["options"], dict):
                 errors["options"] = "must be an object"
+            else:
+                bad = [k for k, v in body["options"].items() if k in DRIVER_OPTIONS and
+                       (isinstance(v, bool) or not isinstance(v, (str, int)))]
+                if bad:
+                    errors["options"] = f"{', '.join(sorted(bad))} must be a string or a number"
             values["options"] = psycopg2.extras.Json(body["options"])
         if errors:
             raise bad_request("invalid_body", "invalid connection", errors=errors)
@@ -96,7 +106,7 @@ class Connections:
                 "port": row["port"], "database": row["database"], "user": row["username"],
                 "password": None if row["password"] in (None, "") else "********",
                 "options": row["options"], "created_at": iso(row["created_at"]),
-                "updated_at": iso(row["updated_at"])}
+                "updated_at": iso(row["updated_at"]), "example": False, "usage": None}
 
     def get(self, name: str) -> dict:
         with self._changes.cursor() as cur:

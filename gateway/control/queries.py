@@ -4,6 +4,7 @@ running the analysis can take a while; no lock is held meanwhile); then one shor
 transaction stores it, after checking that the connection is still the one analysed against."""
 from __future__ import annotations
 
+import uuid
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -24,13 +25,27 @@ if TYPE_CHECKING:
     from ..settings import Settings
 
 FIELDS = {"name", "connection_name", "sql", "parameters", "publish", "description", "tags",
-          "max_affected_rows", "mask", "cache_ttl"}
+          "max_affected_rows", "mask", "cache_ttl", "author", "columns", "query_type"}
 _ATTEMPTS = 3
 
 
 def values_kind(values: dict) -> str:
     """The kind of a version about to be stored (its analysis, in ``extra``)."""
     return values["extra"].adapted["analysis"]["kind"]
+
+
+def _qag_version_fields(query_id: int, v: dict) -> dict:
+    """The fields of a version that QueryAPIGate's OpenAPI document requires and this gateway has no
+    other use for: a stable ``uuid`` (from the query's id and the version), ``author``, ``placeholders``..."""
+    extra = v["extra"]
+    return {"uuid": str(uuid.uuid5(_VERSION_NS, f"{query_id}:{v['version']}")),
+            "author": extra.get("author", "admin"), "query_type": "sql", "mongo": None,
+            "placeholders": list(dict.fromkeys(extra["analysis"].get("order", ()))),
+            "columns": extra.get("columns", {}), "agent_writes": None, "mask": extra.get("mask") or [],
+            "mcp": False, "last_modified_at": iso(v["created_at"])}
+
+
+_VERSION_NS = uuid.UUID("6b1d3a8e-5f0c-4e36-9d8a-2f4c1e7b9a10")
 
 
 class _Moved(Exception):
@@ -73,6 +88,7 @@ class Queries:
                                  "governance": governance.to_doc()}
         if masks:
             extra["mask"] = masks
+        extra.update(self._described(body))
         max_rows = body.get("max_affected_rows")
         if max_rows is not None:
             if isinstance(max_rows, bool) or not isinstance(max_rows, int) or max_rows < 0:
@@ -87,6 +103,26 @@ class Queries:
         if cache_ttl is not None:
             values["cache_ttl"] = cache_ttl
         return values, row
+
+    @staticmethod
+    def _described(body: dict) -> dict:
+        """QueryAPIGate's descriptive fields: ``author`` (default: the caller), ``columns`` (a
+        description per output column) and ``query_type`` (``sql``, the only one here)."""
+        errors = {}
+        author = body.get("author", "admin")
+        if not isinstance(author, str) or len(author) > 200:
+            errors["author"] = "must be a string of at most 200 characters"
+        columns = body.get("columns") or {}
+        if not isinstance(columns, dict) or not all(isinstance(v, (str, dict)) for v in columns.values()):
+            errors["columns"] = "must be an object of column descriptions"
+        if body.get("query_type", "sql") != "sql":
+            errors["query_type"] = "must be 'sql'"
+        if errors:
+            raise bad_request("invalid_body", "invalid query", errors=errors)
+        described: dict[str, Any] = {"author": author}
+        if columns:
+            described["columns"] = columns
+        return described
 
     def _cache_ttl(self, body: dict, kind: str) -> int | None:
         """``cache_ttl`` (seconds; QueryAPIGate's field): reads only, never a write."""
@@ -209,7 +245,8 @@ class Queries:
                "has_draft": (latest.get("version") or 0) > (published or 0), "version_count": len(versions),
                "endpoint": f"/q/{query['name']}", "cache_ttl": shown.get("cache_ttl") or 0,
                "created_at": iso(query["created_at"]),
-               "updated_at": iso(query["updated_at"])}
+               "updated_at": iso(query["updated_at"]), "collection": None, "example": False,
+               "last_used_at": None}
         if detail:
             doc["versions"] = [{"version": v["version"], "connection_name": v["connection_name"], "sql": v["sql"],
                                 "parameters": v["parameters"], "description": v["description"],
@@ -218,7 +255,8 @@ class Queries:
                                 "cache_ttl": v.get("cache_ttl") or 0,
                                 "status": "published" if v["version"] == published else
                                 ("draft" if v["published_at"] is None else "previously_published"),
-                                "published_at": iso(v["published_at"]), "created_at": iso(v["created_at"])}
+                                "published_at": iso(v["published_at"]), "created_at": iso(v["created_at"]),
+                                **_qag_version_fields(query["id"], v)}
                                for v in versions]
         return doc
 

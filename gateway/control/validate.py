@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from datetime import UTC, date, datetime
+from datetime import UTC, date, datetime, time
 from typing import Any
 
 from ..errors import bad_request
@@ -14,7 +14,7 @@ NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 def require_fields(body: dict, allowed: set[str]) -> None:
     unknown = set(body) - allowed
     if unknown:
-        raise bad_request("invalid_body", f"unknown field(s): {', '.join(sorted(unknown))}",
+        raise bad_request("unknown_field", f"unknown field(s): {', '.join(sorted(unknown))}",
                           errors={k: "is not a known field" for k in sorted(unknown)})
 
 
@@ -42,7 +42,9 @@ def expires_at(body: dict) -> datetime | None:
         return None
     try:
         if isinstance(raw, str) and len(raw) == 10:
-            return datetime.combine(date.fromisoformat(raw), datetime.min.time(), UTC)
+            # A date is valid through its last moment (UTC), as QueryAPIGate's: a key that
+            # "expires 2026-10-15" works during the 15th.
+            return datetime.combine(date.fromisoformat(raw), time.max, UTC)
         value = datetime.fromisoformat(raw)
         return value if value.tzinfo else value.replace(tzinfo=UTC)
     except (TypeError, ValueError):

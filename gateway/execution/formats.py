@@ -1,4 +1,4 @@
-"""Output formats: JSON (a list of row objects, QueryAPIGate's shape), NDJSON and CSV, each
+"""Output formats: JSON (a list of row objects, QueryAPIGate's shape), NDJSON, CSV and TSV, each
 as a whole page or as a stream of chunks.
 
 NUMERIC arrives as float (a typecaster set on the session, as QueryAPIGate returns it),
@@ -13,10 +13,10 @@ from datetime import date, datetime, time
 
 import orjson
 
-FORMATS = ("json", "ndjson", "csv")
-STREAM_FORMATS = ("ndjson", "csv")
+FORMATS = ("json", "ndjson", "csv", "tsv")
+STREAM_FORMATS = ("ndjson", "csv", "tsv")
 CONTENT_TYPES = {"json": "application/json", "ndjson": "application/x-ndjson",
-                 "csv": "text/csv; charset=utf-8"}
+                 "csv": "text/csv; charset=utf-8", "tsv": "text/tab-separated-values; charset=utf-8"}
 _OPTS = orjson.OPT_SERIALIZE_NUMPY
 
 
@@ -58,25 +58,31 @@ def _csv_cell(value: object) -> object:
     return value
 
 
-def render_csv(columns: Sequence[str], rows: Iterable[Sequence], header: bool = True) -> bytes:
+def render_csv(columns: Sequence[str], rows: Iterable[Sequence], header: bool = True, delimiter: str = ",") -> bytes:
     buffer = io.StringIO()
-    writer = csv.writer(buffer, lineterminator="\n")
+    writer = csv.writer(buffer, lineterminator="\n", delimiter=delimiter)
     if header:
         writer.writerow(columns)
     writer.writerows([_csv_cell(v) for v in row] for row in rows)
     return buffer.getvalue().encode()
 
 
+def render_tsv(columns: Sequence[str], rows: Iterable[Sequence], header: bool = True) -> bytes:
+    """Tab-separated, quoted as CSV where a value holds a tab, a quote or a line break (QueryAPIGate's)."""
+    return render_csv(columns, rows, header, delimiter="\t")
+
+
 RENDERERS: dict[str, Callable[[Sequence[str], Sequence[Sequence]], bytes]] = {
-    "json": render_json, "ndjson": render_ndjson, "csv": render_csv}
+    "json": render_json, "ndjson": render_ndjson, "csv": render_csv, "tsv": render_tsv}
 
 
 def stream_chunks(fmt: str, columns: Sequence[str], batches: Iterable[Sequence[Sequence]]) -> Iterator[bytes]:
     """Yield encoded chunks, one per batch of rows, for a streamed response."""
-    if fmt == "csv":
-        yield render_csv(columns, [], header=True)
+    if fmt in ("csv", "tsv"):
+        render = RENDERERS[fmt]
+        yield render(columns, [], header=True)   # type: ignore[call-arg]
         for rows in batches:
-            yield render_csv(columns, rows, header=False)
+            yield render(columns, rows, header=False)   # type: ignore[call-arg]
     else:
         for rows in batches:
             yield render_ndjson(columns, rows)

@@ -67,7 +67,7 @@ class Pools:
         return pool
 
     def _connect_kwargs(self, connection: Connection, writable: bool) -> dict:
-        return {"host": connection.host, "port": connection.port, "dbname": connection.database,
+        return {**connection.driver, "host": connection.host, "port": connection.port, "dbname": connection.database,
                 "user": connection.username, "password": self._box.open(connection.password) or None,
                 "connect_timeout": self._settings.connect_timeout_s,
                 "application_name": "gateway-fleet",

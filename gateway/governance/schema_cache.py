@@ -38,7 +38,8 @@ class SchemaCache:
 
     def _load(self, connection: Connection) -> Schema:
         try:
-            conn = psycopg2.connect(host=connection.host, port=connection.port, dbname=connection.database,
+            conn = psycopg2.connect(**connection.driver,
+                                    host=connection.host, port=connection.port, dbname=connection.database,
                                     user=connection.username, password=self._box.open(connection.password) or None,
                                     connect_timeout=self._settings.connect_timeout_s,
                                     application_name="gateway-fleet-schema",

@@ -5,11 +5,16 @@ import hmac
 import itertools
 import os
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 import falcon
 import orjson
 
 from ..errors import GatewayError, bad_request, unauthorized
+from ..pipeline.identify import identify
+
+if TYPE_CHECKING:
+    from ..model.state import CatalogHolder
 
 # Unique per worker without a syscall per request: a random process prefix (drawn at import,
 # which happens after the fork: the app is never preloaded) and a counter.
@@ -62,14 +67,27 @@ def read_json(req: falcon.Request, max_bytes: int) -> dict:
 
 
 class AdminCheck:
-    """Constant-time comparison of ``X-API-Key`` with the admin key."""
+    """Constant-time comparison of ``X-API-Key`` with the admin key. A data key (known to the
+    worker's catalog, from ``holder``) answers 403 ``admin_only``, as QueryAPIGate's: it is a
+    real key, only not one that may manage; anything else 401."""
 
-    __slots__ = ("_expected",)
+    __slots__ = ("_expected", "_holder")
 
-    def __init__(self, admin_key: str) -> None:
+    def __init__(self, admin_key: str, holder: CatalogHolder | None = None) -> None:
         self._expected = admin_key.encode() if admin_key else None
+        self._holder = holder
 
     def __call__(self, req: falcon.Request) -> None:
         given = req.env.get("HTTP_X_API_KEY", "")
         if self._expected is None or not hmac.compare_digest(given.encode(), self._expected):
+            if given and self._holder is not None and self._is_data_key(given):
+                raise GatewayError(403, "admin_only", "this API key may not use the Management API; send the "
+                                   "admin key")
             raise unauthorized("the Management API needs the admin key in X-API-Key")
+
+    def _is_data_key(self, given: str) -> bool:
+        try:
+            identify(given, self._holder.current())   # type: ignore[union-attr]
+        except GatewayError:
+            return False
+        return True

@@ -141,7 +141,7 @@ class KeyResource(_Admin):
 @_guarded
 class KeyRotateResource(_Admin):
     def on_post(self, req: falcon.Request, resp: falcon.Response, name: str) -> None:
-        _send(resp, self.m.keys.rotate(name), no_store=True)
+        _send(resp, self.m.keys.rotate(name, self.body(req)), no_store=True)
 
 
 @_guarded
@@ -167,7 +167,8 @@ class QuotaUsageResource:
 
     def on_get(self, req: falcon.Request, resp: falcon.Response) -> None:
         self._check(req)
-        keys = sorted(self._holder.current().keys.values(), key=lambda k: k.name)
+        # A key rotated within its grace period is indexed by both prefixes: list it once.
+        keys = sorted({k.id: k for k in self._holder.current().keys.values()}.values(), key=lambda k: k.name)
         _send(resp, {"items": self._admission.usage(keys)})
 
 

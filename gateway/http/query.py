@@ -32,7 +32,8 @@ class QueryResource:
         params, reserved = split_reserved(req.params)
         for key, value in reserved.items():
             if isinstance(value, list):
-                code = "invalid_body" if key == "format" else f"invalid_{'paging' if 'page' in key else key}"
+                code = "invalid_body" if key in ("format", "connection_name") else \
+                    f"invalid_{'paging' if 'page' in key else key}"
                 raise bad_request(code, f"{key} was given more than once")
         self._run(req, resp, SavedCall(name, params, _no_cache(req, reserved), True, self._settings,
                                        self._defaults))

@@ -9,6 +9,7 @@ time and is only looked up here.
 from __future__ import annotations
 
 import time
+from collections.abc import Iterable
 from datetime import datetime
 
 import psycopg2.extensions
@@ -17,13 +18,14 @@ import psycopg2.extras
 from .. import sql
 from ..errors import GatewayError
 from ..governance import Analysis, Grants
+from .drivers import driver_options
 from .limits import Quota, Rate
 from .params import SQL_TYPES, ParamBinder, ParamSpec, compile_specs
 
 
 class Connection:
     __slots__ = ("id", "name", "db", "host", "port", "database", "username", "password",
-                 "active", "identity")
+                 "active", "driver", "identity")
 
     def __init__(self, row: dict) -> None:
         self.id = row["id"]
@@ -35,8 +37,11 @@ class Connection:
         self.username = row["username"]
         self.password = row["password"]          # sealed; opened only when a session is made
         self.active = row["active"]
+        # libpq parameters (sslmode, ...) of its stored options, passed to every connect.
+        self.driver = driver_options(row.get("options"))
         # A pool is reused across reloads only while everything that shapes a session is unchanged.
-        self.identity = (self.id, self.host, self.port, self.database, self.username, self.password)
+        self.identity = (self.id, self.host, self.port, self.database, self.username, self.password,
+                         tuple(sorted(self.driver.items())))
 
 
 class QueryVersion:
@@ -165,9 +170,17 @@ class Query:
         return query
 
 
+def _reach(value: str | list[str] | None) -> frozenset[str]:
+    """A key's ``queries`` or ``connections`` grant: ``"*"`` (everything) or names."""
+    if value == "*":
+        return frozenset(("*",))
+    return frozenset(value or ())
+
+
 class ApiKey:
     __slots__ = ("id", "name", "prefix", "digest", "queries", "connections", "expires_at", "active",
-                 "rate", "quota", "governance", "grants")
+                 "rate", "quota", "governance", "grants", "query_governance", "previous_prefix",
+                 "previous_digest", "previous_until")
 
     def __init__(self, row: dict) -> None:
         grants = row["grants"] or {}
@@ -175,8 +188,10 @@ class ApiKey:
         self.name = row["name"]
         self.prefix = row["prefix"]
         self.digest = bytes(row["secret_hash"])
-        self.queries = frozenset(grants.get("queries") or ())
-        self.connections = frozenset(grants.get("connections") or ())
+        # Additive grants (QueryAPIGate's rule): a query is reached by its name (or "*") in ``queries``
+        # or by its connection (or "*") in ``connections``; ad-hoc SQL by ``connections`` alone.
+        self.queries = _reach(grants.get("queries"))
+        self.connections = _reach(grants.get("connections"))
         expires: datetime | None = row["expires_at"]
         self.expires_at = expires.timestamp() if expires else None
         self.active = grants.get("active", True) is not False
@@ -184,10 +199,44 @@ class ApiKey:
             if grants.get("rate_limit") else None
         self.quota = Quota.parse(grants["quota"]) if grants.get("quota") else None
         self.governance = Grants.from_doc(grants)
+        # Per-query write grants ({"name": ..., "allow_writes": true} in ``queries``): those queries are
+        # planned with writes allowed (the server's GATEWAY_ALLOW_WRITES still applies).
+        writes = grants.get("query_writes") or ()
+        self.query_governance = {name: Grants.from_doc(dict(grants, allow_writes=True)) for name in writes} \
+            if writes else None
+        # The secret before the last rotation works until its grace period ends (indexed by its own prefix).
+        previous = grants.get("previous")
+        self.previous_prefix = previous["prefix"] if previous else None
+        self.previous_digest = bytes.fromhex(previous["digest"]) if previous else b""
+        self.previous_until = datetime.fromisoformat(previous["until"]).timestamp() if previous else 0.0
         self.grants = grants
+
+    def reaches(self, query: str, connection: str) -> bool:
+        """May this key run saved query ``query`` on ``connection``?"""
+        queries, connections = self.queries, self.connections
+        return query in queries or connection in connections or "*" in queries or "*" in connections
+
+    @classmethod
+    def admin(cls) -> ApiKey:
+        """The admin key on the data plane (QueryAPIGate's admin key runs everything): every query and
+        connection, writes where the server allows them, no limits; id 0 in the history."""
+        return cls({"id": 0, "name": "admin", "prefix": "", "secret_hash": b"", "expires_at": None,
+                    "grants": {"queries": "*", "connections": "*", "allow_writes": True}})
 
     def expired(self, now: float) -> bool:
         return self.expires_at is not None and now >= self.expires_at
+
+
+def _by_prefix(keys: Iterable[ApiKey]) -> dict[str, ApiKey]:
+    """Keys by their secret's public prefix; a key rotated within its grace period also by the
+    previous secret's (``identify`` checks which secret it is)."""
+    found: dict[str, ApiKey] = {}
+    for key in keys:
+        found[key.prefix] = key
+    for key in list(found.values()):
+        if key.previous_prefix:
+            found.setdefault(key.previous_prefix, key)
+    return found
 
 
 class Catalog:
@@ -295,7 +344,7 @@ def _read_all(cur: psycopg2.extensions.cursor, generation: int) -> tuple[Catalog
     queries = _queries(version_rows, by_id, {})
     cur.execute("SELECT * FROM gw_api_keys")
     key_rows = cur.fetchall()
-    keys = {r["prefix"]: ApiKey(r) for r in key_rows}
+    keys = _by_prefix(ApiKey(r) for r in key_rows)
     return Catalog(generation, keys, queries, connections), len(connections) + len(version_rows) + len(key_rows)
 
 
@@ -384,8 +433,12 @@ def _apply(cur: psycopg2.extensions.cursor, current: Catalog, generation: int,
             prefix = key_ids.pop(kid, None)
             if prefix is not None and (old_key := keys.get(prefix)) is not None and old_key.id == kid:
                 del keys[prefix]
+                if old_key.previous_prefix and keys.get(old_key.previous_prefix) is old_key:
+                    del keys[old_key.previous_prefix]
             plans.pop(kid, None)
         for api_key in fresh_keys:
             keys[api_key.prefix] = api_key
+            if api_key.previous_prefix:
+                keys.setdefault(api_key.previous_prefix, api_key)
             key_ids[api_key.id] = api_key.prefix
     return Catalog(generation, keys, queries, connections, key_ids, query_ids, connection_ids, plans), rows

@@ -16,6 +16,10 @@ from typing import Any
 from ..errors import bad_request
 
 TYPES = ("int", "float", "str", "bool", "date", "datetime")
+# QueryAPIGate's JSON type names, accepted as written and shown back (a saved rule reads back as
+# QueryAPIGate shows it: "int" is shown as "integer").
+JSON_NAMES = {"int": "integer", "float": "number", "str": "string", "bool": "boolean"}
+ALIASES = {**{v: k for k, v in JSON_NAMES.items()}, **{t: t for t in TYPES}}
 SQL_TYPES = {"int": "bigint", "float": "double precision", "str": "text", "bool": "boolean",
              "date": "date", "datetime": "timestamp"}
 SPEC_FIELDS = {"type", "required", "default", "enum", "min", "max", "min_length", "max_length",
@@ -100,12 +104,12 @@ class ParamSpec:
         unknown = set(doc) - SPEC_FIELDS
         if unknown:
             raise ParamError(f"unknown field(s): {', '.join(sorted(unknown))}")
-        kind = doc.get("type", "str")
-        if kind not in TYPES:
-            raise ParamError(f"type must be one of {', '.join(TYPES)}")
+        raw_type = doc.get("type", "str")
+        kind = ALIASES.get(raw_type) if isinstance(raw_type, str) else None
+        if kind is None:
+            raise ParamError(f"type must be one of {', '.join(TYPES)} (or {', '.join(JSON_NAMES.values())})")
         self.name = name
         self.kind = kind
-        self.required = bool(doc.get("required", False))
         self.description = str(doc.get("description") or "")
         self.min = self._number(doc, "min")
         self.max = self._number(doc, "max")
@@ -128,6 +132,11 @@ class ParamSpec:
         self.enum = enum
         default = doc.get("default", _MISSING)
         self.default = _MISSING if default is _MISSING or default is None else self.coerce_json(default)
+        # As QueryAPIGate: a parameter without a default is required unless it says otherwise.
+        required = doc.get("required", self.default is _MISSING)
+        if not isinstance(required, bool):
+            raise ParamError("required must be true or false")
+        self.required = required
 
     @staticmethod
     def _number(doc: Mapping[str, Any], key: str) -> int | float | None:
@@ -178,7 +187,7 @@ class ParamSpec:
         return value
 
     def to_doc(self) -> dict:
-        doc = {"type": self.kind, "required": self.required}
+        doc = {"type": JSON_NAMES.get(self.kind, self.kind), "required": self.required}
         for key in ("enum", "min", "max", "min_length", "max_length", "pattern"):
             if getattr(self, key) is not None:
                 doc[key] = getattr(self, key)

@@ -118,14 +118,20 @@ class AdHocCall:
         unknown = set(body) - FIELDS
         if unknown:
             raise bad_request("invalid_body", f"unknown field(s): {', '.join(sorted(unknown))}")
+        if body.get("sql") in (None, ""):   # before the grant, as QueryAPIGate checks it
+            raise bad_request("sql_required", "sql is missing", errors={"sql": "is required"})
         self.connection = self._connection(catalog, key, body.get("connection_name"))
         self._params = self._checked_params(body.get("params"))
         return self._statements.get(self.connection, body.get("sql"))
 
     @staticmethod
     def _connection(catalog: Catalog, key: ApiKey, name: object) -> Connection:
+        if name is None or name == "":
+            raise bad_request("connection_required", "connection_name is missing",
+                              errors={"connection_name": "is required"})
         if not isinstance(name, str):
-            raise bad_request("invalid_body", "connection_name is required", errors={"connection_name": "is required"})
+            raise bad_request("invalid_body", "connection_name must be a string",
+                              errors={"connection_name": "must be a string"})
         connection = catalog.connections.get(name)
         if connection is None:
             raise not_found("connection_not_found", f"connection '{name}' not found")

@@ -12,13 +12,14 @@ from ..model.params import FALSE_WORDS, TRUE_WORDS
 if TYPE_CHECKING:
     from ..settings import Settings
 
-RESERVED = frozenset(("format", "page", "page_size", "version", "timeout", "stream", "cache"))
+# ``connection_name`` is QueryAPIGate's: on /q/<name> it may only name the query's own connection.
+RESERVED = frozenset(("format", "page", "page_size", "version", "timeout", "stream", "cache", "connection_name"))
 
 
 def positive_int(value: object, code: str, field: str) -> int:
     if isinstance(value, int) and not isinstance(value, bool):
         number = value
-    elif isinstance(value, str) and value.isdigit() and len(value) < 10:
+    elif isinstance(value, str) and value.isascii() and value.isdigit() and len(value) < 10:
         number = int(value)
     else:
         raise bad_request(code, f"{field} must be a positive integer")
@@ -75,7 +76,7 @@ class CallArgs:
             return False
         if raw is True or (isinstance(raw, str) and raw.lower() in TRUE_WORDS):
             if fmt not in STREAM_FORMATS:
-                raise bad_request("invalid_stream", "only csv and ndjson can be streamed")
+                raise bad_request("invalid_stream", "only csv, tsv and ndjson can be streamed")
             return True
         raise bad_request("invalid_stream", "stream must be true or false")
 

@@ -23,9 +23,10 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from ..errors import GatewayError
 from ..execution import runner
+from ..model.catalog import ApiKey
 from .args import CallArgs, lower_timeout
 from .cached import purge_summary, send_cached
-from .identify import identify
+from .identify import AdminIdentity, identify
 from .plans import plan_for
 from .shape import send_page, send_stream
 
@@ -35,7 +36,7 @@ if TYPE_CHECKING:
     from ..cache import ResponseCache
     from ..execution.pool import SessionPool
     from ..governance import CallPlan
-    from ..model.catalog import ApiKey, Catalog, Connection
+    from ..model.catalog import Catalog, Connection
     from ..model.state import CatalogHolder
     from ..ports import Admission
     from ..settings import Settings
@@ -64,7 +65,7 @@ class EntryPoint(Protocol):
 
 
 class Pipeline:
-    __slots__ = ("_holder", "_pools", "_history", "_settings", "_admission", "_mask_key", "_cache")
+    __slots__ = ("_holder", "_pools", "_history", "_settings", "_admission", "_mask_key", "_cache", "_admin")
 
     def __init__(self, holder: CatalogHolder, pools: runner.Pools, history: HistoryWriter, settings: Settings,
                  admission: Admission, cache: ResponseCache | None = None) -> None:
@@ -75,6 +76,8 @@ class Pipeline:
         self._admission = admission
         self._mask_key = settings.mask_key_bytes()
         self._cache = cache
+        # The admin key runs everything on the data plane too (as QueryAPIGate's); none: nobody does.
+        self._admin = AdminIdentity(settings.admin_key, ApiKey.admin()) if settings.admin_key else None
 
     def run(self, resp: falcon.Response, call: EntryPoint, *, request_id: str, ip: str, secret: str | None,
             if_none_match: str | None = None) -> None:
@@ -86,7 +89,7 @@ class Pipeline:
         try:
             limits = admission.admit_ip(ip)                                     # 2 admit (the client)
             catalog = self._holder.current()
-            key = identify(secret, catalog)                                     # 1 identify
+            key = identify(secret, catalog, self._admin)                        # 1 identify
             if key.governance.allowed_ips is not None:
                 key.governance.check_ip(ip)
             subject = call.resolve(catalog, key)                                # 3 plan

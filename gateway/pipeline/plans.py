@@ -29,7 +29,10 @@ def plan_for(catalog: Catalog, key: ApiKey, subject: QueryVersion | AdHocStateme
             if subject.analysis is None:
                 raise bad_request("analysis_failed", "this version was saved by an older release or without an "
                                   "analysis; save it again")
-            got = governance.plan(subject.analysis, key.governance, subject.masks, hash_key=mask_key,
+            grants = key.governance
+            if key.query_governance is not None:   # a per-query write grant (the memo is per statement)
+                grants = key.query_governance.get(getattr(subject, "name", ""), grants)
+            got = governance.plan(subject.analysis, grants, subject.masks, hash_key=mask_key,
                                   server_allows_writes=settings.allow_writes)
         except GatewayError as exc:
             got = (exc.status, exc.code, exc.message, exc.extra, exc.headers)

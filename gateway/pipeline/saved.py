@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 from ..errors import bad_request, forbidden, not_found
 from ..execution import runner
 from .args import CallArgs, positive_int
-from .grants import check_connection
+from .grants import check_active
 
 if TYPE_CHECKING:
     from ..execution.pool import SessionPool
@@ -33,12 +33,14 @@ class SavedCall:
 
     def resolve(self, catalog: Catalog, key: ApiKey) -> QueryVersion:
         query = catalog.queries.get(self.name)
-        qv = query.published if query is not None else None
-        # Unknown and not-granted look alike to a caller who is not granted the query.
-        if query is None or qv is None or (self.name not in key.queries and "*" not in key.queries):
-            if qv is not None or query is not None and self.name in key.queries:
-                raise not_found("query_not_found", f"query '{self.name}' is not published") if qv is None else \
-                    forbidden("query_not_allowed", f"this key is not granted query '{self.name}'")
+        if query is None:
+            raise not_found("query_not_found", f"no published query '{self.name}'")
+        qv = query.published
+        if qv is None:
+            # A draft is not served. Only a key that would reach the query learns that it exists.
+            latest = query.versions[max(query.versions)] if query.versions else None
+            if latest is not None and key.reaches(self.name, latest.connection.name):
+                raise not_found("not_published", f"query '{self.name}' has no published version")
             raise not_found("query_not_found", f"no published query '{self.name}'")
         asked = self._reserved.get("version")
         if asked not in (None, ""):
@@ -46,8 +48,19 @@ class SavedCall:
             qv = query.versions.get(wanted)
             if qv is None or qv.published_at is None:
                 raise not_found("version_not_found", f"query '{self.name}' has no published version {wanted}")
-        check_connection(key, qv.connection)
-        self.connection = qv.connection
+        connection = qv.connection
+        # Additive grants: the query by name (or "*"), or its connection (or "*").
+        if not key.reaches(self.name, connection.name):
+            raise forbidden("connection_forbidden", f"this key is granted neither query '{self.name}' nor its "
+                            f"connection '{connection.name}'")
+        other = self._reserved.get("connection_name")
+        if other not in (None, "", connection.name):
+            # QueryAPIGate runs the SQL on another connection; here a statement runs only where it was
+            # analysed and governed.
+            raise bad_request("invalid_body", f"query '{self.name}' runs on its own connection "
+                              f"'{connection.name}' only", errors={"connection_name": "must be the query's own"})
+        check_active(connection)
+        self.connection = connection
         self.version = qv.version
         return qv
 

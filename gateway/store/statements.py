@@ -24,7 +24,9 @@ _SNAPSHOTS = {
              "'version', v.version, 'sql', v.sql, 'parameters', v.parameters, 'published_at', v.published_at) "
              "ORDER BY v.version) FROM gw_query_versions v WHERE v.query_id = q.id)) "
              "FROM gw_queries q WHERE q.name = %s",
-    "key": "SELECT to_jsonb(k) - 'secret_hash' FROM gw_api_keys k WHERE k.name = %s",
+    # Neither the secret's digest nor the previous one's (kept in the grants during a rotation's grace).
+    "key": "SELECT jsonb_set(to_jsonb(k) - 'secret_hash', '{grants}', (coalesce(k.grants, '{}'::jsonb) - 'previous')) "
+           "FROM gw_api_keys k WHERE k.name = %s",
 }
 _VERSIONS = ("SELECT v.*, c.name AS connection_name FROM gw_query_versions v "
              "JOIN gw_connections c ON c.id = v.connection_id ")
@@ -78,6 +80,11 @@ def insert_audit(cur: Cursor, actor: Actor, action: str, kind: str, name: str, b
 def audit_entries(cur: Cursor, where: str, values: list, limit: int) -> list[dict]:
     cur.execute(f"SELECT * FROM gw_audit {where} ORDER BY id DESC LIMIT %s", values + [limit])
     return cur.fetchall()
+
+
+def audit_count(cur: Cursor, where: str, values: list) -> int:
+    cur.execute(f"SELECT count(*) AS n FROM gw_audit {where}", values)
+    return cur.fetchone()["n"]
 
 
 def history_entries(cur: Cursor, where: str, values: list, limit: int) -> list[dict]:

@@ -211,11 +211,13 @@ def calls(port: int, database: str) -> list[Call]:
         key="conly~", qs={"stream": "true", "format": "ndjson"})
     add("sql.body_args", "POST", "/execute_sql",
         {"sql": "SELECT aid FROM pgbench_accounts ORDER BY aid", "connection_name": "demo~", "page_size": 2,
-         "format": "csv"}, key="conly~")
+         "format": "csv"}, key="conly~", differs="body_paging")
     add("sql.no_connection", "POST", "/execute_sql", {"sql": "SELECT 1"}, key="conly~")
     add("sql.no_sql", "POST", "/execute_sql", {"connection_name": "demo~"}, key="conly~")
+    add("sql.unknown_connection.admin", "POST", "/execute_sql", {"sql": "SELECT 1", "connection_name": "nope~"},
+        key="admin")
     add("sql.unknown_connection", "POST", "/execute_sql", {"sql": "SELECT 1", "connection_name": "nope~"},
-        key="admin", differs="unknown_connection_404")
+        key="conly~", differs="unknown_connection_404")
     add("sql.db_error", "POST", "/execute_sql", {"sql": "SELECT 1/0 AS x", "connection_name": "demo~"},
         key="conly~", differs="database_error_is_400")
     add("sql.write", "POST", "/execute_sql",
@@ -247,11 +249,13 @@ def calls(port: int, database: str) -> list[Call]:
     add("query.publish.missing_version", "POST", "/api/v1/queries/draft~/publish", {"version": 7})
     add("query.unpublish", "POST", "/api/v1/queries/draft~/unpublish", {}, schema="Query")
     add("q.after_unpublish", "GET", "/q/draft~", key="conly~", qs={"aid": "1"})
-    add("query.delete", "DELETE", "/api/v1/queries/nodesc~")
-    add("query.delete.missing", "DELETE", "/api/v1/queries/nodesc~")
+    add("query.delete", "DELETE", "/api/v1/queries/draft~")
+    add("query.delete.missing", "DELETE", "/api/v1/queries/draft~")
+    add("q.deleted", "GET", "/q/draft~", key="conly~", qs={"aid": "1"})
 
     # --- history, audit, quota usage, health ---------------------------------------------
     add("history", "GET", "/api/v1/history", qs={"limit": "5"}, schema="HistoryPage")
+    add("history.status", "GET", "/api/v1/history", qs={"limit": "1"}, differs="history_status")
     add("audit", "GET", "/api/v1/audit", schema="AuditLog")
     add("usage.quotas", "GET", "/api/v1/usage/quotas", schema="QuotaCounterList")
     add("health", "GET", "/health", key=None)

@@ -103,6 +103,19 @@ DIFFERENCES = {d.name: d for d in (
         "`parquet`): the others answer 400 `invalid_format`; they are not served yet.",
         lambda peer, ours: peer.status == 200 and _is(ours, 400, "invalid_format")),
     Difference(
+        "body_paging",
+        "`page` and `page_size` in the body of `/execute_sql` page the result (QueryAPIGate reads them from the "
+        "query string only and pages the body's call by 10): the body's arguments are the caller's, all of them.",
+        lambda peer, ours: peer.status == ours.status == 200 and peer.headers.get("X-Page-Size") == "10"
+        and ours.headers.get("X-Page-Size") == "2"),
+    Difference(
+        "history_status",
+        "A run's `status` in `/api/v1/history` is its HTTP status, with `code` for a refusal (QueryAPIGate: "
+        "`\"success\"` or `\"error\"`): the `status=` and `code=` filters select by them.",
+        lambda peer, ours: peer.status == ours.status == 200
+        and _json(peer)["items"][0]["status"] in ("success", "error")
+        and isinstance(_json(ours)["items"][0]["status"], int)),
+    Difference(
         "stream_value_checked",
         "`stream` must be true or false (400 `invalid_stream`); QueryAPIGate treats any other word as false.",
         lambda peer, ours: peer.status == 200 and _is(ours, 400, "invalid_stream")),

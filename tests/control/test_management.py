@@ -73,12 +73,12 @@ def test_literal_password_and_patch(api, services):
 @pytest.mark.parametrize("doc, field", [
     ({"db": "mysql"}, "db"), ({"port": "x"}, "port"), ({"port": 70000}, "port"), ({"port": True}, "port"),
     ({"host": ""}, "host"), ({"password": 5}, "password"), ({"active": "yes"}, "active"),
-    ({"options": []}, "options"), ({"colour": "red"}, "colour"),
+    ({"options": []}, "options"), ({"colour": "red"}, "colour"), ({"sslmode": True}, "options"),
 ])
 def test_invalid_connection(api, doc, field):
     base = {"name": unique("conn"), "host": "127.0.0.1", "port": PG_PORT, "database": "demo", "user": "postgres"}
     got = api.manage("POST", "/connections", {**base, **doc})
-    assert got.status == 400 and got.json["code"] == "invalid_body", got
+    assert got.status == 400 and got.json["code"] == ("unknown_field" if field == "colour" else "invalid_body"), got
     assert field in got.json["errors"]
 
 
@@ -139,16 +139,19 @@ def test_key_grants(api, demo_connection):
     query = api.query("SELECT 1 AS one", connection=demo_connection)
     other = api.query("SELECT 2 AS two", connection=demo_connection)
 
-    no_connections = api.key([query])
-    got = api.call(query, no_connections)
-    assert got.status == 403 and got.json["code"] == "connection_not_allowed", got
+    # Additive (QueryAPIGate's rule): a query by its name, or every query of a granted connection.
+    by_name = api.key([query])
+    assert api.call(query, by_name).json == [{"one": 1}]
+    got = api.call(other, by_name)
+    assert got.status == 403 and got.json["code"] == "connection_forbidden", got
 
-    only_other = api.key([other], [demo_connection])
-    got = api.call(query, only_other)
-    assert got.status == 403 and got.json["code"] == "query_not_allowed", got
-    unknown = api.call(unique("nothing"), only_other)
+    by_connection = api.key([], [demo_connection])
+    assert api.call(query, by_connection).status == 200 and api.call(other, by_connection).status == 200
+    elsewhere = api.query("SELECT 3 AS three", connection=api.connection())
+    got = api.call(elsewhere, by_connection)
+    assert got.status == 403 and got.json["code"] == "connection_forbidden", got
+    unknown = api.call(unique("nothing"), by_connection)
     assert unknown.status == 404 and unknown.json["code"] == "query_not_found"
-    assert api.call(other, only_other).status == 200
 
     wildcard = api.key(["*"], ["*"])
     assert api.call(query, wildcard).json == [{"one": 1}]
@@ -156,7 +159,7 @@ def test_key_grants(api, demo_connection):
 
     # Grants changed by PATCH apply to the next call.
     name = unique("key")
-    secret = api.key([other], [demo_connection], name=name)
+    secret = api.key([other], [], name=name)
     assert api.call(query, secret).status == 403
     assert api.manage("PATCH", f"/api-keys/{name}", {"queries": [query, other]}).status == 200
     assert api.call(query, secret).status == 200
@@ -168,7 +171,7 @@ def test_rotate_delete_and_deactivate(api, demo_connection):
     old = api.key([query], [demo_connection], name=name)
     assert api.call(query, old).status == 200
 
-    rotated = api.manage("POST", f"/api-keys/{name}/rotate")
+    rotated = api.manage("POST", f"/api-keys/{name}/rotate", {"grace_minutes": 0})   # no grace: a leaked secret
     assert rotated.status == 200 and rotated.headers["Cache-Control"] == "no-store"
     new = rotated.json["secret"]
     assert new != old and rotated.json["rotated_at"]
@@ -198,7 +201,7 @@ def test_expired_key(api, demo_connection):
     got = api.call(query, secret)
     assert got.status == 401 and got.json["code"] == "key_expired", got
     shown = api.manage("GET", f"/api-keys/{name}").json
-    assert shown["expired"] is True and shown["expires_at"].startswith("2000-01-01T00:00:00")
+    assert shown["expired"] is True and shown["expires_at"].startswith("2000-01-01T23:59:59")   # through the day
     renewed = api.manage("PATCH", f"/api-keys/{name}", {"expires_at": "2999-01-01T00:00:00+00:00"})
     assert renewed.status == 200 and renewed.json["expired"] is False
     assert api.call(query, secret).status == 200
@@ -231,7 +234,7 @@ def test_invalid_query_bodies(api, demo_connection, body, field):
     if field == "connection_name":
         del doc["connection_name"]
     got = api.manage("POST", "/queries", doc)
-    assert got.status == 400 and got.json["code"] == "invalid_body", got
+    assert got.status == 400 and got.json["code"] == ("unknown_field" if field == "colour" else "invalid_body"), got
     assert field in got.json["errors"]
 
 

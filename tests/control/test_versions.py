@@ -18,7 +18,9 @@ def test_drafts_versions_publish_and_rollback(api, demo_connection):
     assert created.status == 201 and created.json["published_version"] is None
     assert created.json["has_draft"] is True
     draft_only = api.call(name, secret)
-    assert draft_only.status == 404 and draft_only.json["code"] == "query_not_found"
+    assert draft_only.status == 404 and draft_only.json["code"] == "not_published"   # a key that reaches it
+    stranger = api.call(name, api.key([], []))
+    assert stranger.status == 404 and stranger.json["code"] == "query_not_found"     # others learn nothing
 
     assert api.manage("POST", f"/queries/{name}/publish", {"version": 1}).json["published_version"] == 1
     assert api.call(name, secret).json == [{"v": 1}]
@@ -67,8 +69,8 @@ def test_drafts_versions_publish_and_rollback(api, demo_connection):
 
     # Unpublish: nothing served, versions kept.
     assert api.manage("POST", f"/queries/{name}/unpublish").json["published_version"] is None
-    assert api.call(name, secret).json["code"] == "query_not_found"
-    assert api.call(name, secret, {"version": "4"}).json["code"] == "query_not_found"
+    assert api.call(name, secret).json["code"] == "not_published"
+    assert api.call(name, secret, {"version": "4"}).json["code"] == "not_published"
 
     # Delete.
     assert api.manage("DELETE", f"/queries/{name}").status == 204

@@ -125,6 +125,11 @@ def _connection_in_use(ctx):
     return ctx.api.manage("DELETE", f"/connections/{name}")
 
 
+def _draft(ctx):
+    query = ctx.api.query("SELECT 1", connection=ctx.demo, publish=False)
+    return query, ctx.api.key([query], [])
+
+
 def _inactive(ctx):
     name = ctx.api.connection(active=False)
     ep = ctx.api.endpoint("SELECT 1", connection=name)
@@ -275,8 +280,15 @@ PRODUCERS = {
     "query_failed": _call("SELECT 10 / :d AS q", {"d": "0"}, spec={"d": {"type": "int"}}),
     "unauthorized": lambda ctx: ctx.api.call(ctx.endpoint("SELECT 1").query, None),
     "key_expired": _call("SELECT 1", key_fields={"expires_at": "2001-01-01T00:00:00Z"}),
-    "query_not_allowed": lambda ctx: ctx.api.call(ctx.endpoint("SELECT 1").query, ctx.endpoint("SELECT 2").secret),
-    "connection_not_allowed": _call("SELECT 1", key_fields={"connections": []}),
+    # Granted neither the query nor its connection (grants are additive).
+    "connection_forbidden": lambda ctx: ctx.api.call(ctx.api.endpoint("SELECT 1").query,
+                                                     ctx.endpoint("SELECT 2").secret),
+    "admin_only": lambda ctx: ctx.api.request("GET", "/api/v1/connections",
+                                              headers={"X-API-Key": ctx.endpoint("SELECT 1").secret}),
+    "unknown_field": lambda ctx: ctx.api.manage("POST", "/api-keys", {"name": unique("k"), "colour": "red"}),
+    "connection_required": lambda ctx: ctx.api.adhoc(ctx.api.key([], [ctx.demo]), {"sql": "SELECT 1"}),
+    "sql_required": lambda ctx: ctx.api.adhoc(ctx.api.key([], [ctx.demo]), {"connection_name": ctx.demo}),
+    "not_published": lambda ctx: ctx.api.call(*_draft(ctx)),
     "write_not_allowed": _call("DELETE FROM orders WHERE id = -1"),
     "query_not_found": lambda ctx: ctx.api.call(unique("none"), ctx.endpoint("SELECT 1").secret),
     "version_not_found": _call("SELECT 1", {"version": "2"}),
@@ -449,7 +461,7 @@ def test_management_needs_the_admin_key(api, method, path, given):
 
 def test_a_data_key_is_not_an_admin_key(api, endpoint):
     ep = endpoint("SELECT 1")
-    check_error(api.request("GET", "/api/v1/connections", headers={"X-API-Key": ep.secret}), "unauthorized")
+    check_error(api.request("GET", "/api/v1/connections", headers={"X-API-Key": ep.secret}), "admin_only")
 
 
 def test_no_admin_key_configured_refuses_everyone(make_app):

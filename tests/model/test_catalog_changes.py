@@ -44,7 +44,9 @@ def full_load(services) -> catalog_mod.Catalog:
 def shape(catalog: catalog_mod.Catalog) -> dict:
     """Everything a call reads from a snapshot, as plain values; and checks the snapshot's
     own indexes agree with it (a version holds the snapshot's connection object)."""
-    assert catalog.key_ids == {k.id: p for p, k in catalog.keys.items()}
+    # A key rotated within its grace period is also indexed by its previous secret's prefix.
+    assert catalog.key_ids == {k.id: k.prefix for k in catalog.keys.values()}
+    assert all(p in (k.prefix, k.previous_prefix) for p, k in catalog.keys.items())
     assert catalog.query_ids == {q.id: n for n, q in catalog.queries.items()}
     assert catalog.connection_ids == {c.id: c for c in catalog.connections.values()}
     for query in catalog.queries.values():
@@ -102,9 +104,13 @@ def test_each_kind_of_change_applies_incrementally(api, holder, services, superu
     assert refresh(holder, superuser) == "changes"
     assert holder.catalog.keys[prefix].active is False
     assert kid not in holder.catalog.plans and holder.catalog.plans[other.id] == {"memo": "kept"}
-    rotated = api.ok("POST", f"/api-keys/{name}/rotate").json["secret"]
+    rotated = api.ok("POST", f"/api-keys/{name}/rotate", {"grace_minutes": 0}).json["secret"]
     assert refresh(holder, superuser) == "changes"
     assert prefix not in holder.catalog.keys and holder.catalog.keys[rotated.split("_")[1]].id == kid
+    # With a grace period, the previous secret's prefix finds the key too, until its next change.
+    again = api.ok("POST", f"/api-keys/{name}/rotate", {"grace_minutes": 5}).json["secret"]
+    assert refresh(holder, superuser) == "changes"
+    assert holder.catalog.keys[again.split("_")[1]] is holder.catalog.keys[rotated.split("_")[1]]
 
     # A changed connection: every version on it now holds the new one, nothing read again.
     api.ok("PATCH", f"/connections/{connection}", {"active": False})

@@ -120,7 +120,7 @@ def test_binder_required_default_unknown_and_repeated():
     binder = ParamBinder(compile_specs({
         "n": {"type": "int", "required": True},
         "plan": {"type": "str", "enum": ["free", "pro"], "default": "free"},
-        "since": {"type": "date"},
+        "since": {"type": "date", "required": False},   # optional without a default: said so
     }))
     assert binder.bind({"n": "3"}, from_text=True) == (3, "free", None)
     assert binder.bind({"n": 3, "plan": "pro", "since": "2024-01-01"}, from_text=False) == \
@@ -173,7 +173,21 @@ def test_bad_specs_are_refused_at_save_time(doc, field):
 
 def test_short_form():
     (s,) = compile_specs({"aid": "int"})
-    assert (s.name, s.kind, s.required) == ("aid", "int", False)
+    assert (s.name, s.kind, s.required) == ("aid", "int", True)   # no default: required (QueryAPIGate's rule)
+
+
+def test_json_type_names_and_the_required_rule():
+    specs = compile_specs({"a": "integer", "b": {"type": "number", "default": 1.5}, "c": {"type": "string",
+                           "required": False}, "d": {"type": "boolean", "required": True, "default": True}})
+    assert [(s.kind, s.required) for s in specs] == [("int", True), ("float", False), ("str", False), ("bool", True)]
+    assert [s.to_doc()["type"] for s in specs] == ["integer", "number", "string", "boolean"]
+    assert ParamBinder(specs).bind({"a": "1"}, from_text=True) == (1, 1.5, None, True)
+    with pytest.raises(GatewayError) as info:
+        ParamBinder(specs).bind({}, from_text=True)
+    assert info.value.code == "param_required" and info.value.extra == {"errors": {"a": "is required"}}
+    for bad in ({"type": "int", "required": "yes"}, {"type": "uuid"}):
+        with pytest.raises(GatewayError):
+            compile_specs({"x": bad})
 
 
 def test_spec_round_trips_through_its_doc():
@@ -283,8 +297,8 @@ def test_compiling_any_spec_raises_only_gateway_errors(doc):
 
 
 # --- over HTTP: the 400 a caller sees ---------------------------------------------------
-TYPED = {"i": {"type": "int"}, "f": {"type": "float"}, "s": {"type": "str"}, "b": {"type": "bool"},
-         "d": {"type": "date"}, "t": {"type": "datetime"}}
+TYPED = {n: {"type": t, "required": False} for n, t in
+         (("i", "int"), ("f", "float"), ("s", "str"), ("b", "bool"), ("d", "date"), ("t", "datetime"))}
 TYPED_SQL = "SELECT :i AS i, :f AS f, :s AS s, :b AS b, :d AS d, :t AS t"
 
 
@@ -344,7 +358,8 @@ def test_required_default_and_constraints_over_http(api, endpoint):
     ep = endpoint("SELECT :n AS n, :plan AS plan, :code AS code",
                   {"n": {"type": "int", "required": True, "min": 1, "max": 100},
                    "plan": {"type": "str", "enum": ["free", "pro"], "default": "free"},
-                   "code": {"type": "str", "pattern": "[A-Z]{2}", "min_length": 2, "max_length": 2}})
+                   "code": {"type": "str", "pattern": "[A-Z]{2}", "min_length": 2, "max_length": 2,
+                            "required": False}})
     missing = api.call(ep.query, ep.secret)
     assert missing.status == 400 and missing.json["code"] == "param_required"
     assert missing.json["errors"] == {"n": "is required"}

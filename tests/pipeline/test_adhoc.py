@@ -22,7 +22,17 @@ def test_read_with_bound_params_and_paging(api, demo_connection):
 def test_needs_the_connection_grant(api, demo_connection):
     without = api.key([], [])
     got = api.adhoc(without, {"sql": "SELECT 1 AS one", "connection_name": demo_connection})
-    assert got.status == 403 and got.json["code"] == "connection_not_allowed", got
+    assert got.status == 403 and got.json["code"] == "connection_forbidden", got
+    # A queries grant ("*" too) reaches saved queries, never ad-hoc SQL.
+    by_name = api.key(["*"], [])
+    got = api.adhoc(by_name, {"sql": "SELECT 1 AS one", "connection_name": demo_connection})
+    assert got.status == 403 and got.json["code"] == "connection_forbidden", got
+    assert api.adhoc(api.key([], "*"), {"sql": "SELECT 1 AS one", "connection_name": demo_connection}).json == \
+        [{"one": 1}]
+    for body, code in (({"sql": "SELECT 1"}, "connection_required"), ({"connection_name": demo_connection},
+                                                                      "sql_required")):
+        got = api.adhoc(by_name, body)   # checked before the grant, as QueryAPIGate does
+        assert got.status == 400 and got.json["code"] == code, got
     unknown = api.adhoc(without, {"sql": "SELECT 1 AS one", "connection_name": "nope_conn"})
     assert unknown.status == 404 and unknown.json["code"] == "connection_not_found", unknown
 
