@@ -58,17 +58,20 @@ local p = ARGV[1]
 local op = ARGV[2]
 redis.call('INCR', KEYS[1])
 local sets = {}
+local dropped = 0
 if op == 'all' then
   sets = redis.call('SMEMBERS', KEYS[2])
 elseif op == 'query' then
   sets = {p .. 'q:' .. ARGV[3]}
 elseif op == 'db' then
   sets = {p .. 'd:' .. ARGV[3]}
+elseif op == 'key' then
+  dropped = redis.call('DEL', p .. 'e:' .. ARGV[3])
+  return dropped
 elseif op == 'tables' then
   sets = {p .. 'w:' .. ARGV[3]}
   for i = 4, #ARGV do sets[#sets + 1] = p .. 't:' .. ARGV[3] .. '|' .. ARGV[i] end
 end
-local dropped = 0
 for _, s in ipairs(sets) do
   local members = redis.call('SMEMBERS', s)
   for _, e in ipairs(members) do dropped = dropped + redis.call('DEL', p .. 'e:' .. e) end
@@ -147,6 +150,8 @@ class RedisSharedTier:
             args.append(purge["name"])
         elif op == "db":
             args.append(purge["db"])
+        elif op == "key":
+            args.append(purge["key"])
         elif op == "tables":
             args += [purge["db"], *purge["tables"]]
         self._purge(keys=[GEN, INDEXES], args=args)

@@ -27,7 +27,7 @@ from .governance.schema_cache import SchemaCache
 from .http import errors as http_errors
 from .http import management
 from .http.adhoc import AdHoc
-from .http.cache import CacheEntriesResource, CacheQueryEntriesResource
+from .http.cache import CacheEntriesResource, CacheEntryResource
 from .http.common import AdminCheck
 from .http.events import Events as EventsResource
 from .http.health import Health, Ready
@@ -172,7 +172,7 @@ def build_app(settings: Settings, ports: Ports | None = None) -> GatewayApp:
     for path, resource in management.ROUTES:
         app.add_route(path, resource(manage, admin, settings))
     app.add_route("/api/v1/cache/entries", CacheEntriesResource(cache, admin))
-    app.add_route("/api/v1/cache/entries/{query}", CacheQueryEntriesResource(cache, admin))
+    app.add_route("/api/v1/cache/entries/{key}", CacheEntryResource(cache, admin))
     app.add_route("/health", Health())
     app.add_route("/metrics", MetricsResource(metrics, settings.metrics_token))
     app.add_route("/events", EventsResource(events, admin))

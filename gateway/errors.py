@@ -98,6 +98,7 @@ CODES: dict[str, tuple[int, str]] = {
     "version_not_found": (404, "The query has no such version, or that version was never published."),
     "connection_not_found": (404, "No connection by that name."),
     "key_not_found": (404, "No API key by that name."),
+    "cache_entry_not_found": (404, "No cached answer by that key (missing, expired, purged or evicted)."),
     "not_found": (404, "No such route."),
     "method_not_allowed": (405, "The route exists but not for this HTTP method."),
     "connection_exists": (409, "A connection by that name already exists."),

@@ -27,11 +27,11 @@ _ALLOWED = {("datetime", n) for n in ("datetime", "date", "time", "timedelta", "
 
 class Entry:
     __slots__ = ("digest", "query", "version", "db", "tables", "wildcard", "columns", "rows", "rowcount",
-                 "created", "expires", "expires_mono", "size", "payload", "hits")
+                 "created", "expires", "expires_mono", "size", "payload", "hits", "meta")
 
     def __init__(self, digest: str, query: str, version: int, db: str, tables: frozenset[str], wildcard: bool,
                  columns: tuple[str, ...], rows: list, rowcount: int, created: float, expires: float,
-                 expires_mono: float, payload: bytes | None) -> None:
+                 expires_mono: float, payload: bytes | None, meta: dict | None = None) -> None:
         self.digest = digest
         self.query = query
         self.version = version
@@ -47,6 +47,7 @@ class Entry:
         self.payload = payload          # the rows encoded (None: not encodable; never shared)
         self.size = (len(payload) if payload is not None else 64 * (len(rows) + 1) * (len(columns) + 1)) + OVERHEAD
         self.hits = 0
+        self.meta = meta or {}          # connection, page, page_size: for the listing only
 
     @property
     def result(self) -> Result:
@@ -54,9 +55,15 @@ class Entry:
         return Result(self.columns, self.rows, self.rowcount)
 
     def doc(self, now: float, worker: str, tier: str = "memory") -> dict:
-        return {"query": self.query, "version": self.version, "key": self.digest, "bytes": self.size,
-                "rows": len(self.rows), "created_at": _iso(self.created), "expires_at": _iso(self.expires),
-                "ttl_remaining": max(0, round(self.expires - now, 3)), "hits": self.hits, "tier": tier,
+        """QueryAPIGate's entry (``key``, ``meta``, ``content_type``, ``size_bytes``, ``ttl_remaining_s``) and
+        ours. The entry holds rows, not a body: it answers every format, so ``meta.format`` is null."""
+        return {"key": self.digest,
+                "meta": {"name": self.query, "version": self.version, "connection": self.meta.get("connection"),
+                         "format": None, "page": self.meta.get("page"), "page_size": self.meta.get("page_size")},
+                "content_type": "application/json", "size_bytes": self.size,
+                "ttl_remaining_s": max(0.0, round(self.expires - now, 1)),
+                "query": self.query, "version": self.version, "rows": len(self.rows),
+                "created_at": _iso(self.created), "expires_at": _iso(self.expires), "hits": self.hits, "tier": tier,
                 "worker": worker}
 
 
@@ -87,7 +94,7 @@ def decode_rows(payload: bytes) -> tuple[tuple[str, ...], list, int]:
 def seal(entry: Entry, secret: bytes) -> bytes:
     """The entry for Redis: mac | header | payload."""
     header = pickle.dumps((entry.query, entry.version, entry.db, sorted(entry.tables), entry.wildcard,
-                           entry.created, entry.expires), protocol=5)
+                           entry.created, entry.expires, entry.meta), protocol=5)
     body = len(header).to_bytes(4, "big") + header + (entry.payload or b"")
     return hmac.digest(secret, entry.digest.encode() + body, "sha256")[:_MAC] + body
 
@@ -101,7 +108,7 @@ def unseal(digest: str, raw: bytes | str, secret: bytes, now: float, now_mono: f
         return None
     try:
         size = int.from_bytes(body[:4], "big")
-        query, version, db, tables, wildcard, created, expires = _Unpickler(io.BytesIO(body[4:4 + size])).load()
+        query, version, db, tables, wildcard, created, expires, meta = _Unpickler(io.BytesIO(body[4:4 + size])).load()
         payload = bytes(body[4 + size:])
         columns, rows, rowcount = decode_rows(payload)
     except Exception:   # a damaged value is a miss, never an error
@@ -110,7 +117,7 @@ def unseal(digest: str, raw: bytes | str, secret: bytes, now: float, now_mono: f
     if left <= 0:
         return None
     return Entry(digest, query, version, db, frozenset(tables), wildcard, tuple(columns), rows, rowcount, created,
-                 expires, now_mono + left, payload)
+                 expires, now_mono + left, payload, meta)
 
 
 def mac_key(secret_key: str) -> bytes:

@@ -1,9 +1,11 @@
 """The worker's in-memory cache: least recently used out first, bounded in bytes.
 
 A hit is one lock held for a dict lookup and a move to the end: no I/O. Purges (applied by
-the bus thread, or by the request that wrote) bump ``epoch``: a fill that began before a
-purge is not stored after it (``put(entry, epoch)``), so an answer read before a write
-cannot outlive the write's invalidation by being stored late.
+the bus thread, or by the request that wrote) bump counters (everything, per query, per
+database): a fill takes ``mark(query, db)`` before it reads, and ``put(entry, mark)`` stores it
+only if no purge that could name it came in between, so an answer read before a write cannot
+outlive the write's invalidation by being stored late (and a purge of another query does not
+keep it out).
 """
 from __future__ import annotations
 
@@ -16,7 +18,7 @@ from ..ports import Clock
 from .entry import Entry
 
 # A purge, as announced to the fleet: {"op": "all"} | {"op": "query", "name": n}
-# | {"op": "tables", "db": d, "tables": [...]} | {"op": "db", "db": d}.
+# | {"op": "tables", "db": d, "tables": [...]} | {"op": "db", "db": d} | {"op": "key", "key": digest}.
 Purge = dict
 
 
@@ -27,6 +29,9 @@ def matches(purge: Purge) -> Callable[[Entry], bool]:
     if op == "query":
         name = purge.get("name")
         return lambda e: e.query == name
+    if op == "key":
+        key = purge.get("key")
+        return lambda e: e.digest == key
     if op == "db":
         db = purge.get("db")
         return lambda e: e.db == db
@@ -37,13 +42,16 @@ def matches(purge: Purge) -> Callable[[Entry], bool]:
 
 
 class MemoryCache:
-    __slots__ = ("max_bytes", "max_entry", "bytes", "epoch", "evictions", "stamp", "_entries", "_lock", "_clock")
+    __slots__ = ("max_bytes", "max_entry", "bytes", "evictions", "stamp", "_all", "_by_query", "_by_db", "_entries",
+                 "_lock", "_clock")
 
     def __init__(self, max_bytes: int, clock: Clock = time.monotonic) -> None:
         self.max_bytes = max_bytes
         self.max_entry = max_bytes // 16
         self.bytes = 0
-        self.epoch = 0
+        self._all = 0                          # purges of everything (and of one key)
+        self._by_query: dict[str, int] = {}    # purges of one query
+        self._by_db: dict[str, int] = {}       # purges by a write's tables, or of a whole database
         self.evictions = 0
         # The store's purge counter this memory is known to be consistent with (None: unknown),
         # for a worker that cannot hear the bus (see ``ResponseCache``).
@@ -68,12 +76,16 @@ class MemoryCache:
             entry.hits += 1
         return entry
 
-    def put(self, entry: Entry, epoch: int) -> bool:
-        """Store ``entry`` unless a purge was applied since ``epoch`` (read before the fill began)."""
+    def mark(self, query: str, db: str) -> tuple[int, int, int]:
+        """Taken before a fill reads anything: the purges so far that could name its entry."""
+        return self._all, self._by_query.get(query, 0), self._by_db.get(db, 0)
+
+    def put(self, entry: Entry, mark: tuple[int, int, int]) -> bool:
+        """Store ``entry`` unless a purge that could name it was applied since ``mark``."""
         if entry.size > self.max_entry:
             return False
         with self._lock:
-            if epoch != self.epoch:
+            if mark != self.mark(entry.query, entry.db):
                 return False
             if entry.digest in self._entries:
                 self._drop(entry.digest)
@@ -93,8 +105,16 @@ class MemoryCache:
     def apply(self, purge: Purge) -> int:
         """Drop what ``purge`` names; the number of entries dropped."""
         match = matches(purge)
+        op = purge.get("op")
         with self._lock:
-            self.epoch += 1
+            if op == "query":
+                name = purge.get("name") or ""
+                self._by_query[name] = self._by_query.get(name, 0) + 1
+            elif op in ("tables", "db"):
+                db = purge.get("db") or ""
+                self._by_db[db] = self._by_db.get(db, 0) + 1
+            else:
+                self._all += 1
             gone = [d for d, e in self._entries.items() if match(e)]
             for digest in gone:
                 self._drop(digest)

@@ -98,7 +98,7 @@ class ResponseCache:
         fresh = self._sync.fresh() or self._confirmed()
         if bypass:
             self.bypasses += 1
-            return self._fill(digest, qv, compute, fresh, shared=False)[0], "bypass"   # not a miss
+            return self._fill(digest, qv, compute, fresh, shared=False, page=page, size=size)[0], "bypass"
         if fresh:
             entry = self.memory.get(digest)
             if entry is not None:
@@ -113,9 +113,9 @@ class ResponseCache:
             if flight.done.wait(self._follow_s) and flight.entry is not None:
                 self.misses += 1
                 return flight.entry, "miss"
-            return self._fill(digest, qv, compute, fresh, shared=True)   # its fill failed: our own
+            return self._fill(digest, qv, compute, fresh, shared=True, page=page, size=size)   # its fill failed
         try:
-            entry, state = self._fill(digest, qv, compute, fresh, shared=True)
+            entry, state = self._fill(digest, qv, compute, fresh, shared=True, page=page, size=size)
             flight.entry = entry
             return entry, state
         finally:
@@ -139,26 +139,29 @@ class ResponseCache:
         return True
 
     def _fill(self, digest: str, qv: QueryVersion, compute: Callable[[], Result], fresh: bool,
-              shared: bool) -> tuple[Entry, str]:
+              shared: bool, page: int = 1, size: int = 0) -> tuple[Entry, str]:
+        """``shared``: ask the shared tier first (not for a bypass, which is also not a miss)."""
         memory = self.memory
-        epoch = memory.epoch    # before anything is read: a purge from now on wins over this fill
+        db = keys.database(qv.connection)
+        mark = memory.mark(qv.name, db)    # before anything is read: a purge from now on wins over this fill
         token = None
         if shared:
             found, token = self._shared.get(digest)
             if found is not None:
                 if fresh:
-                    memory.put(found, epoch)
+                    memory.put(found, mark)
                 self.shared_fills += 1
                 self.hits += 1
                 return found, "hit"
         result = compute()
         now, mono, ttl = self._wall(), self._clock(), qv.cache_ttl
         tables, wildcard = keys.reads(qv)
-        entry = Entry(digest, qv.name, qv.version, keys.database(qv.connection), tables, wildcard, result.columns,
+        entry = Entry(digest, qv.name, qv.version, db, tables, wildcard, result.columns,
                       result.rows, result.rowcount, now, now + ttl, mono + ttl,
-                      encode_rows(result.columns, result.rows, result.rowcount))
+                      encode_rows(result.columns, result.rows, result.rowcount),
+                      {"connection": qv.connection.name, "page": page, "page_size": size})
         if fresh:
-            memory.put(entry, epoch)
+            memory.put(entry, mark)
         if token is not None and entry.payload is not None and entry.size <= (memory.max_entry or _SHARED_MAX):
             self._shared.put(entry, token)
         if shared:
@@ -243,10 +246,19 @@ class ResponseCache:
             self.purge({"op": "all"})
 
     def entries(self, query: str | None = None, limit: int = 1000) -> list[dict]:
+        """This worker's entries and the shared tier's, soonest to expire first (QueryAPIGate's order)."""
         now = self._wall()
         items = [e.doc(now, self._worker) for e in self.memory.entries() if query is None or e.query == query]
         items += [d for d in self._shared.entries(limit) if query is None or d.get("query") == query]
+        items.sort(key=lambda d: d["ttl_remaining_s"])
         return items[:limit]
+
+    def entry(self, key: str) -> Entry | None:
+        """One entry by its key (this worker's memory, else the shared tier), for the admin."""
+        found = self.memory.get(key)
+        if found is None:
+            found, _ = self._shared.get(key)
+        return found
 
     def gauges(self) -> dict[str, Callable[[], int]]:
         return {"cache_hits": lambda: self.hits, "cache_misses": lambda: self.misses,

@@ -216,6 +216,21 @@ class Queries:
             store.serve_version(cur, query["id"], version)
         return self.get(name)
 
+    def set_cache_ttl(self, name: str, version: int, body: dict) -> dict:
+        """``PATCH /queries/<name>/versions/<n>`` ``{"cache_ttl": N|null}``: the one thing of a version
+        that changes in place (QueryAPIGate's rule); its cached answers go with the change."""
+        require_fields(body, {"cache_ttl"})
+        if "cache_ttl" not in body:
+            raise bad_request("invalid_body", "cache_ttl is required", errors={"cache_ttl": "is required"})
+        with self._changes.change("set_cache_ttl", "query", name) as cur:
+            query = self._row(cur, name, lock=True)
+            row = next((v for v in store.versions_of(cur, query["id"]) if v["version"] == version), None)
+            if row is None:
+                raise not_found("version_not_found", f"query '{name}' has no version {version}")
+            ttl = self._cache_ttl(body, row["extra"]["analysis"]["kind"])
+            store.set_version_cache_ttl(cur, query["id"], version, ttl)
+        return self.get(name)
+
     def unpublish(self, name: str) -> dict:
         with self._changes.change("unpublish", "query", name) as cur:
             store.serve_version(cur, self._row(cur, name, lock=True)["id"], None)

@@ -1,31 +1,34 @@
-"""``/api/v1/cache/entries``: what the cache holds, and purges (admin key).
+"""``/api/v1/cache/entries``: what the cache holds, and purges (admin key), in QueryAPIGate's
+shapes (its routes, its entry fields, 204 on a delete) with the fleet's additions.
 
-    GET    /api/v1/cache/entries[?query=<name>]   this worker's entries (and the shared tier's)
-    DELETE /api/v1/cache/entries[?query=<name>]   drop them on every worker and in Redis
-    DELETE /api/v1/cache/entries/<query>          the same for one query
+    GET    /api/v1/cache/entries[?query=<name>]   this worker's entries and the shared tier's,
+                                                  soonest to expire first
+    DELETE /api/v1/cache/entries[?query=<name>]   drop them (or one query's) on every worker and in Redis
+    GET    /api/v1/cache/entries/<key>            one entry's rows, unmasked (the admin's view)
+    DELETE /api/v1/cache/entries/<key>            drop one entry everywhere
 
-A purge returns once every live worker has dropped the entries (``gateway.cache``).
+A purge answers 204 once every live worker has dropped the entries (``gateway.cache``);
+``X-Cache-Invalidated`` says how many acknowledged and how long it took.
 """
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import orjson
 
 from ..control.validate import NAME
-from ..errors import bad_request
+from ..errors import bad_request, not_found
+from ..execution.formats import render_json
+from ..pipeline.cached import purge_summary
 
 if TYPE_CHECKING:
     import falcon
 
     from ..cache import ResponseCache
 
-
-def _send(resp: falcon.Response, doc: object) -> None:
-    resp.data = orjson.dumps(doc)
-    resp.content_type = "application/json"
-    resp.set_header("Cache-Control", "no-store")
+_KEY = re.compile(r"[0-9a-f]{32}")
 
 
 def _query(req: falcon.Request) -> str | None:
@@ -38,38 +41,53 @@ def _query(req: falcon.Request) -> str | None:
     return name
 
 
-class CacheEntriesResource:
+def _limit(req: falcon.Request) -> int:
+    raw = req.params.get("limit", "1000")
+    if not isinstance(raw, str) or not raw.isdigit() or not 1 <= int(raw) <= 10_000:
+        raise bad_request("invalid_filter", "limit must be an integer from 1 to 10000")
+    return int(raw)
+
+
+class _Cached:
     def __init__(self, cache: ResponseCache, admin_check: Callable[[falcon.Request], None]) -> None:
         self._cache = cache
         self._check = admin_check
 
+    def _purge(self, resp: falcon.Response, purge: dict) -> None:
+        resp.set_header("X-Cache-Invalidated", purge_summary(self._cache.purge(purge)))
+        resp.status = 204
+
+
+class CacheEntriesResource(_Cached):
     def on_get(self, req: falcon.Request, resp: falcon.Response) -> None:
         self._check(req)
-        query = _query(req)
-        raw = req.params.get("limit", "1000")
-        if not isinstance(raw, str) or not raw.isdigit() or not 1 <= int(raw) <= 10_000:
-            raise bad_request("invalid_filter", "limit must be an integer from 1 to 10000")
-        items = self._cache.entries(query, int(raw))
+        query, limit = _query(req), _limit(req)
+        items = self._cache.entries(query, limit)
         memory = self._cache.memory
-        _send(resp, {"items": items, "count": len(items), "bytes": memory.bytes, "max_bytes": memory.max_bytes})
+        resp.data = orjson.dumps({"items": items, "count": len(items), "bytes": memory.bytes,
+                                  "max_bytes": memory.max_bytes})
+        resp.content_type = "application/json"
+        resp.set_header("Cache-Control", "no-store")
 
     def on_delete(self, req: falcon.Request, resp: falcon.Response) -> None:
         self._check(req)
-        self._purge(resp, _query(req))
-
-    def _purge(self, resp: falcon.Response, query: str | None) -> None:
-        purge = {"op": "all"} if query is None else {"op": "query", "name": query}
-        _send(resp, {"purged": query or "*", "sync": self._cache.purge(purge)})
+        query = _query(req)
+        self._purge(resp, {"op": "all"} if query is None else {"op": "query", "name": query})
 
 
-class CacheQueryEntriesResource(CacheEntriesResource):
-    def on_get(self, req: falcon.Request, resp: falcon.Response, query: str) -> None:  # type: ignore[override]
+class CacheEntryResource(_Cached):
+    def on_get(self, req: falcon.Request, resp: falcon.Response, key: str) -> None:
         self._check(req)
-        items = self._cache.entries(query)
-        _send(resp, {"items": items, "count": len(items)})
+        entry = self._cache.entry(key) if _KEY.fullmatch(key) else None
+        if entry is None:
+            raise not_found("cache_entry_not_found", "cache entry not found (missing, expired, purged or evicted)")
+        resp.data = render_json(entry.columns, entry.rows)
+        resp.content_type = "application/json"
+        resp.set_header("Cache-Control", "no-store")
 
-    def on_delete(self, req: falcon.Request, resp: falcon.Response, query: str) -> None:  # type: ignore[override]
+    def on_delete(self, req: falcon.Request, resp: falcon.Response, key: str) -> None:
         self._check(req)
-        if not NAME.fullmatch(query):
-            raise bad_request("invalid_filter", "not a query name")
-        self._purge(resp, query)
+        if not _KEY.fullmatch(key):   # no such entry: nothing to drop (QueryAPIGate answers 204 too)
+            resp.status = 204
+            return
+        self._purge(resp, {"op": "key", "key": key})

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import orjson
 
 from ..control import ACTOR, Actor, Management
+from ..errors import not_found
 from .common import client_ip, read_json, request_id
 
 if TYPE_CHECKING:
@@ -105,6 +106,14 @@ class QueryVersionsResource(_Admin):
 
 
 @_guarded
+class QueryVersionResource(_Admin):
+    def on_patch(self, req: falcon.Request, resp: falcon.Response, name: str, version: str) -> None:
+        if not version.isdigit() or len(version) > 9:
+            raise not_found("version_not_found", f"query '{name}' has no version {version}")
+        _send(resp, self.m.queries.set_cache_ttl(name, int(version), self.body(req)))
+
+
+@_guarded
 class QueryPublishResource(_Admin):
     def on_post(self, req: falcon.Request, resp: falcon.Response, name: str) -> None:
         _send(resp, self.m.queries.publish(name, self.body(req)))
@@ -178,6 +187,7 @@ ROUTES = [
     ("/api/v1/queries", QueriesResource),
     ("/api/v1/queries/{name}", QueryDefinitionResource),
     ("/api/v1/queries/{name}/versions", QueryVersionsResource),
+    ("/api/v1/queries/{name}/versions/{version}", QueryVersionResource),
     ("/api/v1/queries/{name}/publish", QueryPublishResource),
     ("/api/v1/queries/{name}/unpublish", QueryUnpublishResource),
     ("/api/v1/api-keys", KeysResource),

@@ -138,6 +138,12 @@ def insert_query(cur: Cursor, name: str) -> int:
     return _one(cur)["id"]
 
 
+def set_version_cache_ttl(cur: Cursor, query_id: int, version: int, seconds: int | None) -> bool:
+    cur.execute("UPDATE gw_query_versions SET cache_ttl = %s WHERE query_id = %s AND version = %s",
+                (seconds, query_id, version))
+    return cur.rowcount > 0
+
+
 def set_query_cache_ttl(cur: Cursor, query_id: int, seconds: int) -> None:
     cur.execute("UPDATE gw_queries SET cache_ttl = %s WHERE id = %s", (seconds, query_id))
 

@@ -57,6 +57,25 @@ def test_a_version_inherits_the_query_cache_ttl_or_sets_its_own(api, endpoint, t
     assert api.call(ep.query, ep.secret, {"version": "2"}).headers["X-Cache"] == "hit"
 
 
+def test_a_version_cache_ttl_changes_in_place(api, endpoint, table, superuser):
+    """QueryAPIGate's PATCH /queries/<name>/versions/<n> {"cache_ttl"}: the version's entries go with it."""
+    ep = endpoint(READ.format(t=table), PARAMS)
+    assert "X-Cache" not in api.call(ep.query, ep.secret).headers
+    doc = api.ok("PATCH", f"/queries/{ep.query}/versions/1", {"cache_ttl": 30}).json
+    assert doc["versions"][0]["cache_ttl"] == 30
+    assert api.call(ep.query, ep.secret).headers["X-Cache"] == "miss"
+    superuser(f"UPDATE {table} SET secret = 'changed' WHERE id = 1", db="demo")
+    assert secrets(api.call(ep.query, ep.secret))[0] == "alpha@x"             # cached
+    api.ok("PATCH", f"/queries/{ep.query}/versions/1", {"cache_ttl": 40})
+    again = api.call(ep.query, ep.secret)
+    assert again.headers["X-Cache"] == "miss" and secrets(again)[0] == "changed"   # the change purged it
+    api.ok("PATCH", f"/queries/{ep.query}/versions/1", {"cache_ttl": None})
+    assert "X-Cache" not in api.call(ep.query, ep.secret).headers
+    for body, status in (({"cache_ttl": -5}, 400), ({"sql": "SELECT 1"}, 400), ({}, 400)):
+        assert api.manage("PATCH", f"/queries/{ep.query}/versions/1", body).status == status
+    assert api.manage("PATCH", f"/queries/{ep.query}/versions/9", {"cache_ttl": 5}).json["code"] == "version_not_found"
+
+
 # --- hits, misses, HTTP semantics -------------------------------------------------------
 def test_miss_then_hit_with_http_semantics(api, endpoint, table, superuser):
     ep = endpoint(READ.format(t=table), PARAMS, cache_ttl=60)
@@ -134,10 +153,15 @@ def test_narrowed_and_revoked_grants_apply_to_cached_answers_at_once(api, endpoi
     assert narrowed.headers["X-Cache"] == "hit" and secrets(narrowed) == [None, None, None]
     api.ok("PATCH", f"/api-keys/{ep.key}", {"max_rows": 2, "mask": None})
     assert len(api.call(ep.query, ep.secret).json) == 2
-    api.ok("PATCH", f"/api-keys/{ep.key}", {"queries": []})
+    other = endpoint("SELECT 1 AS one")
+    api.ok("PATCH", f"/api-keys/{ep.key}", {"queries": [other.query], "connections": []})   # revoked
     refused = api.call(ep.query, ep.secret)
     assert refused.status in (403, 404) and b"alpha" not in refused.content, refused
-    api.ok("PATCH", f"/api-keys/{ep.key}", {"queries": [ep.query], "active": False})
+    api.ok("PATCH", f"/api-keys/{ep.key}", {"queries": [ep.query], "connections": [ep.connection], "active": False})
+    assert api.call(ep.query, ep.secret).status == 401
+    api.ok("PATCH", f"/api-keys/{ep.key}", {"active": True})
+    assert api.call(ep.query, ep.secret).headers["X-Cache"] == "hit"      # the entry was there all along
+    api.ok("DELETE", f"/api-keys/{ep.key}")
     assert api.call(ep.query, ep.secret).status == 401
 
 
@@ -171,15 +195,30 @@ def test_purge_all_and_by_query(api, endpoint, table, superuser):
     listed = api.ok("GET", "/cache/entries", params={"query": one.query}).json
     assert listed["count"] == 1
     item = listed["items"][0]
-    assert item["query"] == one.query and item["version"] == 1 and item["bytes"] > 0 and item["rows"] == 3
-    assert len(item["key"]) == 32 and item["expires_at"] > item["created_at"] and 0 < item["ttl_remaining"] <= 60
+    # QueryAPIGate's fields, then ours
+    assert item["meta"] == {"name": one.query, "version": 1, "connection": one.connection, "format": None,
+                            "page": 1, "page_size": 10}, item
+    assert item["size_bytes"] > 0 and 0 < item["ttl_remaining_s"] <= 60 and item["content_type"] == "application/json"
+    assert item["query"] == one.query and item["version"] == 1 and item["rows"] == 3 and item["tier"] == "memory"
+    assert len(item["key"]) == 32 and item["expires_at"] > item["created_at"]
+    body = api.ok("GET", f"/cache/entries/{item['key']}").json          # the admin sees the rows as held
+    assert [r["secret"] for r in body] == ["alpha@x", "beta@x", "gamma@x"]
     superuser(f"UPDATE {table} SET secret = 'purged' WHERE id = 1", db="demo")
-    purge = api.ok("DELETE", f"/cache/entries/{one.query}").json
-    assert purge["purged"] == one.query and purge["sync"]["workers"] >= 1 and not purge["sync"].get("pending")
+    purge = api.manage("DELETE", "/cache/entries", params={"query": one.query})
+    assert purge.status == 204 and purge.content == b"", purge
+    assert purge.headers["X-Cache-Invalidated"].startswith("acked=") and "pending=0" in purge.headers[
+        "X-Cache-Invalidated"], purge.headers
+    assert api.manage("GET", f"/cache/entries/{item['key']}").json["code"] == "cache_entry_not_found"
     assert secrets(api.call(one.query, one.secret))[0] == "purged"
     assert secrets(api.call(two.query, two.secret))[0] == "alpha@x"           # another query: kept
     api.ok("DELETE", "/cache/entries")
     assert secrets(api.call(two.query, two.secret))[0] == "purged"
+    # one entry by its key
+    key = api.ok("GET", "/cache/entries", params={"query": two.query}).json["items"][0]["key"]
+    superuser(f"UPDATE {table} SET secret = 'by-key' WHERE id = 1", db="demo")
+    assert api.manage("DELETE", f"/cache/entries/{key}").status == 204
+    assert secrets(api.call(two.query, two.secret))[0] == "by-key"
+    assert api.manage("DELETE", "/cache/entries/not-a-key").status == 204      # nothing to drop
     assert api.manage("DELETE", "/cache/entries", params={"query": "bad name!"}).status == 400
     assert api.request("DELETE", "/api/v1/cache/entries").status == 401       # admin only
     assert api.request("GET", "/api/v1/cache/entries").status == 401

@@ -1,5 +1,5 @@
 """``gateway.cache.memory``: the LRU bounded in bytes, expiry on an injected clock, purges
-and the epoch that keeps a fill begun before a purge out of the cache."""
+and the marks that keep a fill begun before a purge out of the cache."""
 from __future__ import annotations
 
 from gateway.cache.entry import Entry, encode_rows
@@ -25,23 +25,23 @@ def test_bytes_bound_evicts_least_recently_used():
     cache = MemoryCache(one * 16, Clock())    # an entry may take up to a sixteenth
     cache.max_bytes = one * 3                 # then hold three
     for d in "abc":
-        assert cache.put(entry(d), cache.epoch)
+        assert cache.put(entry(d), cache.mark('q', 'h:1/d'))
     assert cache.get("a") is not None          # a is now the most recently used
-    assert cache.put(entry("d"), cache.epoch)
+    assert cache.put(entry("d"), cache.mark("q", "h:1/d"))
     assert cache.get("b") is None and cache.get("a") is not None and cache.get("d") is not None
     assert cache.evictions == 1 and cache.bytes == one * 3 and len(cache) == 3
 
 
 def test_an_entry_larger_than_a_sixteenth_is_not_kept():
     cache = MemoryCache(16 * 1000)
-    assert not cache.put(entry("big", rows=200), cache.epoch)
+    assert not cache.put(entry("big", rows=200), cache.mark("q", "h:1/d"))
     assert cache.get("big") is None and cache.bytes == 0
 
 
 def test_expiry_on_the_injected_clock():
     clock = Clock()
     cache = MemoryCache(10_000_000, clock)
-    cache.put(entry("a", ttl=5), cache.epoch)
+    cache.put(entry("a", ttl=5), cache.mark("q", "h:1/d"))
     clock.now += 4.9
     assert cache.get("a") is not None
     clock.now += 0.2
@@ -50,20 +50,28 @@ def test_expiry_on_the_injected_clock():
 
 def test_a_fill_begun_before_a_purge_is_not_stored():
     cache = MemoryCache(10_000_000, Clock())
-    epoch = cache.epoch                        # a fill begins (reads the database)
+    mark = cache.mark("q", "h:1/d")            # a fill begins (reads the database)
     cache.apply({"op": "tables", "db": "h:1/d", "tables": ["public.t"]})   # a write's purge meanwhile
-    assert not cache.put(entry("a"), epoch)
+    assert not cache.put(entry("a"), mark)
     assert cache.get("a") is None
-    assert cache.put(entry("a"), cache.epoch)
+    for purge in ({"op": "query", "name": "q"}, {"op": "db", "db": "h:1/d"}, {"op": "all"}, {"op": "key", "key": "z"}):
+        mark = cache.mark("q", "h:1/d")
+        cache.apply(purge)
+        assert not cache.put(entry("a"), mark), purge
+    # a purge that cannot name the entry (another query, another database) does not keep it out
+    mark = cache.mark("q", "h:1/d")
+    cache.apply({"op": "query", "name": "other"})
+    cache.apply({"op": "tables", "db": "h:1/other", "tables": ["public.t"]})
+    assert cache.put(entry("a"), mark) and cache.get("a") is not None
 
 
 def test_purges_drop_exactly_what_they_name():
     cache = MemoryCache(10_000_000, Clock())
-    cache.put(entry("t", tables=("public.t",)), cache.epoch)
-    cache.put(entry("u", tables=("public.u",)), cache.epoch)
-    cache.put(entry("view", tables=("public.v",), wildcard=True), cache.epoch)
-    cache.put(entry("other-db", db="h:1/e", tables=("public.t",)), cache.epoch)
-    cache.put(entry("named", query="r", tables=("public.z",)), cache.epoch)
+    cache.put(entry("t", tables=("public.t",)), cache.mark("q", "h:1/d"))
+    cache.put(entry("u", tables=("public.u",)), cache.mark("q", "h:1/d"))
+    cache.put(entry("view", tables=("public.v",), wildcard=True), cache.mark("q", "h:1/d"))
+    cache.put(entry("other-db", db="h:1/e", tables=("public.t",)), cache.mark("q", "h:1/d"))
+    cache.put(entry("named", query="r", tables=("public.z",)), cache.mark("q", "h:1/d"))
     assert cache.apply({"op": "tables", "db": "h:1/d", "tables": ["public.t"]}) == 2   # t, and the view reader
     assert {e.digest for e in cache.entries()} == {"u", "other-db", "named"}
     assert cache.apply({"op": "query", "name": "r"}) == 1

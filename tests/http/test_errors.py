@@ -294,6 +294,7 @@ PRODUCERS = {
     "version_not_found": _call("SELECT 1", {"version": "2"}),
     "connection_not_found": lambda ctx: ctx.api.manage("GET", f"/connections/{unique('none')}"),
     "key_not_found": lambda ctx: ctx.api.manage("GET", f"/api-keys/{unique('none')}"),
+    "cache_entry_not_found": lambda ctx: ctx.api.manage("GET", "/cache/entries/" + "0" * 32),
     "not_found": lambda ctx: ctx.api.request("GET", "/no/such/route"),
     "method_not_allowed": lambda ctx: ctx.api.manage("DELETE", "/connections"),
     "connection_exists": _dup_connection,
