@@ -30,6 +30,7 @@ if TYPE_CHECKING:
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from fleet.listen import make_unlistened, start_listening  # noqa: E402
 from fleet.slots import Slots  # noqa: E402
 from gateway.settings import Settings  # noqa: E402
 
@@ -122,14 +123,22 @@ def post_fork(server: Arbiter, worker: Worker) -> None:
         server.log.info("worker %s pinned to cpu %s", worker.pid, cpu)
 
 
+def on_starting(server: Arbiter) -> None:
+    """The port is bound here and listens only once a worker has loaded the application
+    (fleet/listen.py): until then a balancer's connects are refused, not queued."""
+    make_unlistened(server)
+
+
 def post_worker_init(worker: Worker) -> None:
     """/ready answers 503 from the moment this worker starts draining (SIGTERM, reload), and
-    its /events streams end (else each would hold the worker until the graceful timeout)."""
+    its /events streams end (else each would hold the worker until the graceful timeout).
+    The application is loaded: the port may take connections (fleet/listen.py)."""
     parts = getattr(worker.wsgi, "parts", None)
     if parts is not None:
         parts.ready.draining = lambda: not worker.alive
         if getattr(parts, "events", None) is not None:
             parts.events.draining = parts.ready.draining
+    start_listening(worker)
 
 
 def child_exit(server: Arbiter, worker: Worker) -> None:

@@ -27,6 +27,7 @@ import argparse
 import json
 import os
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -76,6 +77,9 @@ def parse_args(argv=None):
     parser.add_argument('--out', type=Path, default=rundir.RESULTS)
     parser.add_argument('--publish', action='store_true',
                         help='copy the run to docs/bench/raw/ and write docs/bench/<date>-faults[-direct].md')
+    parser.add_argument('--keep-data', action='store_true',
+                        help="keep the fleet's PostgreSQL data folder (about 400 MB) after the block; its logs and "
+                             'the calls are kept anyway')
     parser.add_argument('--allow-dirty', action='store_true',
                         help='run from a tree with uncommitted changes (a smoke run; not a result)')
     args = parser.parse_args(argv)
@@ -141,6 +145,8 @@ def main(argv=None) -> int:
         results.close()
         try:
             rig.down()
+            if not args.keep_data and not rig.pg.is_running():
+                shutil.rmtree(rig.pg.data_dir, ignore_errors=True)
         except (RigError, OSError, subprocess.SubprocessError) as error:
             log(f'fleet down failed: {error}')
         if failed:
