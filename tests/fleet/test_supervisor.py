@@ -26,7 +26,9 @@ from helpers.history import key_id, runs_by_worker
 from helpers.load import Load, statuses
 from helpers.procs import child_pids, running, wait_gone
 
-BACK_WITHIN_S = 15.0      # measured 4-5 s on an idle machine, 9-12 s at a load average of 20-30
+# Measured 3.3-4.1 s on a quiet machine, 5.4-11.2 s at a load average of 17-40 on 2 cores,
+# 15.5 s once at 74 (the new master's workers load the application on busy cores).
+BACK_WITHIN_S = 20.0
 CLIENTS = 8
 
 
