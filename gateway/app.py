@@ -33,11 +33,13 @@ from .http.events import Events as EventsResource
 from .http.health import Health, Ready
 from .http.metrics import MetricsResource
 from .http.middleware import RequestId
+from .http.openapi import CatalogResource, Describer, OpenApiResource
 from .http.query import QueryResource
-from .model.catalog import Catalog
+from .model.catalog import ApiKey, Catalog
 from .model.state import CatalogHolder
 from .observe import AccessLog, Metrics, setup_logging
 from .pipeline import Pipeline
+from .pipeline.identify import AdminIdentity
 from .ports import Admission, AdmitAll, Events, LocalSync, Sync
 from .settings import Settings
 from .store.history import HistoryWriter
@@ -174,6 +176,11 @@ def build_app(settings: Settings, ports: Ports | None = None) -> GatewayApp:
     app.add_route("/api/v1/cache/entries", CacheEntriesResource(cache, admin))
     app.add_route("/api/v1/cache/entries/{key}", CacheEntryResource(cache, admin))
     app.add_route("/health", Health())
+    # Self-description for the calling key (QueryAPIGate's /openapi.json and /catalog).
+    describer = Describer(holder, settings, AdminIdentity(settings.admin_key, ApiKey.admin())
+                          if settings.admin_key else None)
+    app.add_route("/openapi.json", OpenApiResource(describer))
+    app.add_route("/catalog", CatalogResource(describer))
     app.add_route("/metrics", MetricsResource(metrics, settings.metrics_token))
     app.add_route("/events", EventsResource(events, admin))
     ready = Ready(lambda: _store_reachable(store_pool), sync)

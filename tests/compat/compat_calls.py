@@ -191,6 +191,11 @@ def calls(port: int, database: str) -> list[Call]:
     add("grant.default.granted", "GET", "/q/account~", key="deflt~", qs={"aid": "6"})
     add("grant.default.other", "GET", "/q/film_by_id~", key="deflt~", qs={"id": "6"},
         differs="no_connections_means_none")
+    add("describe.openapi", "GET", "/openapi.json", key="qonly~", differs="openapi_31")
+    add("describe.openapi.objects", "GET", "/openapi.json", key="objq~", differs="openapi_31")
+    add("describe.catalog", "GET", "/catalog", key="qonly~")
+    add("describe.catalog.connection", "GET", "/catalog", key="idlek~")
+    add("describe.catalog.no_key", "GET", "/catalog", key=None)
     add("grant.scoped_on_management", "GET", "/api/v1/queries", key="reader~")
     add("grant.scoped_on_keys", "POST", "/api/v1/api-keys", {"name": "sneaky~"}, key="reader~")
     add("grant.inactive_connection", "GET", "/q/idle_q~", key="idlek~", qs={"aid": "1"})

@@ -37,6 +37,17 @@ def _is(reply, status, code=None):
     return reply.status == status and (code is None or _code(reply) == code)
 
 
+def _own_paths(doc) -> set:
+    return {p for p in doc["paths"] if p.startswith("/q/") and p != "/q/{name}"}
+
+
+def _params(doc, path) -> dict:
+    """A saved query's own parameters in an OpenAPI document: name -> (required, JSON type)."""
+    reserved = {"format", "page", "page_size", "timeout", "stream", "version", "cache", "connection_name"}
+    return {p["name"]: (p.get("required", False), p["schema"].get("type"))
+            for p in doc["paths"][path]["get"]["parameters"] if p["name"] not in reserved}
+
+
 DIFFERENCES = {d.name: d for d in (
     Difference(
         "no_connections_means_none",
@@ -115,6 +126,15 @@ DIFFERENCES = {d.name: d for d in (
         lambda peer, ours: peer.status == ours.status == 200
         and _json(peer)["items"][0]["status"] in ("success", "error")
         and isinstance(_json(ours)["items"][0]["status"], int)),
+    Difference(
+        "openapi_31",
+        "`/openapi.json` is OpenAPI 3.1 (QueryAPIGate: 3.0.3) and describes the data plane only, not the "
+        "Management API; the saved queries it lists for a key are the same (checked here), each with the "
+        "same typed parameters.",
+        lambda peer, ours: peer.status == ours.status == 200
+        and _json(peer)["openapi"].startswith("3.0") and _json(ours)["openapi"] == "3.1.0"
+        and _own_paths(_json(peer)) == _own_paths(_json(ours)) != set()
+        and all(_params(_json(peer), p) == _params(_json(ours), p) for p in _own_paths(_json(ours)))),
     Difference(
         "stream_value_checked",
         "`stream` must be true or false (400 `invalid_stream`); QueryAPIGate treats any other word as false.",

@@ -86,6 +86,14 @@ def differences(call: Call, peer, ours, openapi: dict) -> list[str]:
                         if missing:
                             found.append(f"{inner} (items) lacks required {sorted(missing)}")
         return found
+    if call.path == "/catalog":
+        def names(doc):
+            return sorted((q["name"], q["version"], q["connection_name"], q["can_write"],
+                           {n: (r["type"], r["required"]) for n, r in q["parameters"].items()})
+                          for q in doc["queries"]), doc["caller"]["name"]
+        if names(pj) != names(oj):
+            found.append(f"catalog {names(pj)} != {names(oj)}")
+        return found
     if call.path.startswith(("/q/", "/execute_sql")):
         theirs, mine = rows_of(peer), rows_of(ours)
         if theirs != mine:
