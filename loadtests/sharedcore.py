@@ -4,8 +4,8 @@ more CPU.
 
     .venv/bin/python -m loadtests.sharedcore --local-pg /tmp/sharedcore-pg --root <checkout>
 
-Per layout (1, 2 and 4 balanced workers, and 2 plain gthread workers, all pinned to --cpu with
-their master), one master at a time on one store and one Redis: started, provisioned (the
+Per layout (--layouts; by default 1, 2 and 4 balanced workers and 2 plain gthread workers, all
+pinned to --cpu with their master), one master at a time on one store and one Redis: started, provisioned (the
 lookup, loadtests/targets.py), warmed, then wrk with --connections keep-alive connections for
 --duration seconds pinned to --wrk-cpu (random_aid.lua checks every body). --rounds rounds,
 the layouts in an order rotated each round; a run with any error or wrong body is reported as
@@ -27,7 +27,10 @@ LAYOUTS = {"1 worker": {"GATEWAY_WORKERS": "1"},
            "2 workers": {"GATEWAY_WORKERS": "2"},
            "4 workers": {"GATEWAY_WORKERS": "4"},
            "2 plain gthread": {"GATEWAY_WORKERS": "2",
+                               "GATEWAY_WORKER_CLASS": "gunicorn.workers.gthread.ThreadWorker"},
+           "4 plain gthread": {"GATEWAY_WORKERS": "4",
                                "GATEWAY_WORKER_CLASS": "gunicorn.workers.gthread.ThreadWorker"}}
+DEFAULT_LAYOUTS = ["1 worker", "2 workers", "4 workers", "2 plain gthread"]
 
 
 def main() -> None:
@@ -44,6 +47,8 @@ def main() -> None:
     parser.add_argument("--warmup", type=float, default=2)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--out", type=Path, default=Path("loadtests/results/sharedcore.jsonl"))
+    parser.add_argument("--layouts", default=",".join(DEFAULT_LAYOUTS),
+                        help=f"comma-separated, the first is the reference; of: {', '.join(LAYOUTS)}")
     args = parser.parse_args()
 
     from fleet.local import LocalPostgres
@@ -62,8 +67,8 @@ def main() -> None:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     # One store for every master: one secret key to read the connection's password with.
     secret = {"GATEWAY_SECRET_KEY": secrets.token_urlsafe(32)}
-    results: dict[str, list[float]] = {name: [] for name in LAYOUTS}
-    names = list(LAYOUTS)
+    names = [name.strip() for name in args.layouts.split(",")]
+    results: dict[str, list[float]] = {name: [] for name in names}
     try:
         system.recreate_database(data_url, "gwsharedcore")
         store_url = system.dsn_with_db(data_url, "gwsharedcore")
@@ -95,10 +100,10 @@ def main() -> None:
     finally:
         targets.stop_process(redis)
         pg.stop()
-    base = results["1 worker"]
+    base = results[names[0]]
     for name, values in results.items():
         ratios = [v / b for v, b in zip(values, base, strict=True)]
-        print(f"{name}: req/s {[round(v) for v in values]}; against 1 worker in the same round: "
+        print(f"{name}: req/s {[round(v) for v in values]}; against {names[0]} in the same round: "
               f"median {statistics.median(ratios):.3f}, range {min(ratios):.3f}-{max(ratios):.3f}")
 
 
