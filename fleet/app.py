@@ -9,6 +9,10 @@ in-process ones. This is the one place that knows both sides.
 """
 from __future__ import annotations
 
+import time
+
+import psycopg2
+
 from gateway.app import GatewayApp, Ports, build_app, store_connector, worker_name
 from gateway.cache.entry import mac_key
 from gateway.ports import AdmitAll, LocalSync, Sync
@@ -41,7 +45,31 @@ def ports_for(settings: Settings, sync: Sync | None = None) -> Ports:
     return Ports(sync=sync, admission=admission, events=events, cache_sync=cache_sync, cache_shared=cache_shared)
 
 
+# Under gunicorn's worker timeout (60 s, fleet/gunicorn_conf.py): a booting worker sends no heartbeat.
+STORE_WAIT_S = 45.0
+
+
+def wait_for_store(settings: Settings, wait_s: float = STORE_WAIT_S) -> None:
+    """A worker that starts while the store is restarting waits for it instead of failing to
+    boot: gunicorn stops the whole master when a worker fails to boot, so one worker (re)started
+    during a PostgreSQL restart took its instance down (both instances at once under load, in
+    tests/fleet/test_balancer.py). Past ``wait_s`` the worker fails as before."""
+    if not settings.database_url:
+        return
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            psycopg2.connect(settings.database_url, connect_timeout=settings.connect_timeout_s,
+                             application_name="gateway-fleet-boot").close()
+            return
+        except psycopg2.OperationalError:
+            if time.monotonic() > deadline:
+                return      # build_app meets the error and reports it
+            time.sleep(0.25)
+
+
 def create_app(settings: Settings | None = None, sync: Sync | None = None) -> GatewayApp:
     """The gateway with the fleet's ports (``sync``: a test may bring its own)."""
     settings = settings or Settings.from_env()
+    wait_for_store(settings)
     return build_app(settings, ports_for(settings, sync))
