@@ -5,7 +5,7 @@ transaction stores it, after checking that the connection is still the one analy
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 import psycopg2.errors
@@ -280,10 +280,34 @@ class Queries:
             query = self._row(cur, name)
             return self._doc(query, store.versions_of(cur, query["id"]), detail=True)
 
-    def list(self) -> dict:
+    def list(self, args: Mapping[str, Any] | None = None) -> dict:
+        """Every query's summary by name; QueryAPIGate's filters: ``search`` (in the name, the
+        description or a tag), ``status`` (``published``, ``unpublished``, ``draft``: has a version
+        newer than the published one), ``connection`` and ``collection`` (none here)."""
+        args = args or {}
+        unknown = set(args) - {"search", "status", "connection", "collection"}
+        if unknown or any(isinstance(v, list) for v in args.values()):
+            raise bad_request("invalid_filter", f"unknown or repeated filter(s): {', '.join(sorted(args))}")
+        status = args.get("status") or None
+        if status not in (None, "published", "unpublished", "draft"):
+            raise bad_request("invalid_filter", "status must be 'published', 'unpublished' or 'draft'")
+        needle = (args.get("search") or "").strip().lower()
         with self._changes.cursor() as cur:
             queries = store.queries(cur)
             by_query: dict[int, list] = {}
             for v in store.all_versions(cur):
                 by_query.setdefault(v["query_id"], []).append(v)
-        return {"items": [self._doc(q, by_query.get(q["id"], []), detail=False) for q in queries]}
+        items = []
+        for q in queries:
+            doc = self._doc(q, by_query.get(q["id"], []), detail=False)
+            if args.get("collection") or (args.get("connection") and doc["connection_name"] != args["connection"]):
+                continue
+            if needle and needle not in doc["name"].lower() and needle not in (doc["description"] or "").lower() \
+                    and not any(needle in str(t).lower() for t in doc["tags"]):
+                continue
+            published = doc["published_version"] is not None
+            if (status == "published" and not published) or (status == "unpublished" and published) or \
+                    (status == "draft" and not doc["has_draft"]):
+                continue
+            items.append(doc)
+        return {"items": items}

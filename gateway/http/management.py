@@ -83,7 +83,7 @@ class ConnectionResource(_Admin):
 @_guarded
 class QueriesResource(_Admin):
     def on_get(self, req: falcon.Request, resp: falcon.Response) -> None:
-        _send(resp, self.m.queries.list())
+        _send(resp, self.m.queries.list(req.params))
 
     def on_post(self, req: falcon.Request, resp: falcon.Response) -> None:
         _send(resp, self.m.queries.create(self.body(req)), 201)

@@ -72,7 +72,7 @@ def calls(port: int, database: str) -> list[Call]:
     add("query.create.json_types", "POST", "/api/v1/queries",
         {"name": "range~", "description": "Accounts in a range", "sql": RANGE_SQL, "connection_name": "demo~",
          "parameters": {"lo": {"type": "integer", "default": 1}, "hi": "integer"}, "publish": True,
-         "cache_ttl": 0, "columns": {}, "tags": ["accounts"]}, schema="Query")
+         "cache_ttl": 0, "columns": {}, "tags": ["accounts~"]}, schema="Query")
     add("query.create.on_idle", "POST", "/api/v1/queries",
         {"name": "idle_q~", "description": "On an inactive connection", "sql": ACCOUNT_SQL,
          "connection_name": "idle~", "parameters": {"aid": "int"}, "publish": True}, schema="Query")
@@ -97,6 +97,16 @@ def calls(port: int, database: str) -> list[Call]:
     add("query.get", "GET", "/api/v1/queries/account~", schema="Query")
     add("query.get.missing", "GET", "/api/v1/queries/nope~")
     add("query.list", "GET", "/api/v1/queries", schema="QueryList")
+    add("query.list.search", "GET", "/api/v1/queries", qs={"search": "account~"}, schema="QueryList")
+    add("query.list.search_tag", "GET", "/api/v1/queries", qs={"search": "ACCOUNTS~"}, schema="QueryList")
+    add("query.list.published", "GET", "/api/v1/queries", qs={"search": "~", "status": "published"},
+        schema="QueryList")
+    add("query.list.draft", "GET", "/api/v1/queries", qs={"search": "draft~", "status": "draft"},
+        schema="QueryList")
+    add("query.list.connection", "GET", "/api/v1/queries", qs={"connection": "idle~"}, schema="QueryList")
+    add("query.list.bad_status", "GET", "/api/v1/queries", qs={"status": "sometimes"})
+    add("query.list.unknown_filter", "GET", "/api/v1/queries", qs={"stauts": "draft"},
+        differs="unknown_filter_refused")
 
     # --- keys --------------------------------------------------------------------------
     add("key.create.both", "POST", "/api/v1/api-keys",

@@ -75,6 +75,12 @@ DIFFERENCES = {d.name: d for d in (
         "with defaults.",
         lambda peer, ours: peer.status in (200, 400) and _is(ours, 400, "invalid_body")),
     Difference(
+        "unknown_filter_refused",
+        "A filter a management listing does not know (`/api/v1/queries?stauts=draft`) answers 400 "
+        "`invalid_filter` (QueryAPIGate ignores it), as `/api/v1/history` and `/api/v1/audit` do here: a "
+        "misspelt filter must not return everything.",
+        lambda peer, ours: peer.status == 200 and _is(ours, 400, "invalid_filter")),
+    Difference(
         "database_error_is_400",
         "A statement the database rejects answers 400 `query_failed` with the SQLSTATE and its condition name "
         "(QueryAPIGate: 500 with the server's message in `detail`): it is the statement's fault, not the "

@@ -85,6 +85,11 @@ def differences(call: Call, peer, ours, openapi: dict) -> list[str]:
                         missing = required_fields(openapi, inner) - set(oj[item_list][0])
                         if missing:
                             found.append(f"{inner} (items) lacks required {sorted(missing)}")
+            if call.path == "/api/v1/queries" and call.qs:   # a filtered listing: the same queries
+                theirs = sorted(i["name"] for i in pj["items"])
+                mine = sorted(i["name"] for i in oj.get("items", ()))
+                if theirs != mine:
+                    found.append(f"listed {theirs} != {mine}")
         return found
     if call.path == "/catalog":
         def names(doc):
