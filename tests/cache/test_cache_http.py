@@ -267,9 +267,9 @@ def test_metrics_count_hits_misses_and_bytes(app, api, endpoint, table):
     ep = endpoint(READ.format(t=table), PARAMS, cache_ttl=60)
     cache = app.parts.cache
     hits, misses = cache.hits, cache.misses
-    api.call(ep.query, ep.secret)
-    api.call(ep.query, ep.secret)
-    api.call(ep.query, ep.secret, {"cache": "false"})
+    states = [api.call(ep.query, ep.secret).headers.get("X-Cache") for _ in range(2)]
+    states.append(api.call(ep.query, ep.secret, {"cache": "false"}).headers.get("X-Cache"))
+    assert states == ["miss", "hit", "bypass"], states
     assert (cache.hits - hits, cache.misses - misses) == (1, 1) and cache.memory.bytes > 0
     app.parts.history.flush() if hasattr(app.parts.history, "flush") else None
     text = api.request("GET", "/metrics").text
