@@ -22,6 +22,7 @@ from .cache import CacheSync, ResponseCache, SharedTier
 from .cache.metrics import CacheMetrics
 from .control import Management
 from .crypto import PasswordBox
+from .errors import GatewayError
 from .execution.runner import Pools
 from .governance.schema_cache import SchemaCache
 from .http import errors as http_errors
@@ -156,7 +157,11 @@ def build_app(settings: Settings, ports: Ports | None = None) -> GatewayApp:
     if events is not None:
         history.add_observer(events)
     def on_change(doc: dict) -> None:
-        cache.on_change(doc)        # before the management call returns
+        try:
+            current: Catalog | None = holder.current()   # the new catalog: what could have been cached
+        except GatewayError:
+            current = None                               # unknown: purge
+        cache.on_change(doc, current)        # before the management call returns
         if events is not None:
             events.change(doc)
 

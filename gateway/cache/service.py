@@ -235,14 +235,27 @@ class ResponseCache:
         reply["waited_ms"] = round((time.monotonic() - started) * 1000, 3)
         return reply
 
-    def on_change(self, doc: dict) -> None:
+    def on_change(self, doc: dict, catalog: Catalog | None = None) -> None:
         """A management change committed (and every worker has the new catalog): a query's
         entries go with any change of it; a connection's change drops everything (its queries
         may read through it under any name). A key's change needs nothing: each call applies
-        its own key's plan to what the cache holds."""
-        if doc.get("kind") == "query":
+        its own key's plan to what the cache holds.
+
+        ``catalog`` (the new one): a change of a query none of whose versions has a TTL, or of a
+        connection when no version anywhere has one, has nothing to purge (a version's TTL changes
+        only by ``set_cache_ttl``, which always purges), so management calls of a fleet that
+        caches nothing cost no second round of acknowledgements."""
+        kind = doc.get("kind")
+        if kind == "query":
+            query = catalog.queries.get(doc.get("name") or "") if catalog is not None else None
+            if query is not None and doc.get("action") != "set_cache_ttl" and \
+                    not any(v.cache_ttl for v in query.versions.values()):
+                return
             self.purge({"op": "query", "name": doc.get("name")})
-        elif doc.get("kind") == "connection":
+        elif kind == "connection":
+            if catalog is not None and not any(v.cache_ttl for q in catalog.queries.values()
+                                               for v in q.versions.values()):
+                return
             self.purge({"op": "all"})
 
     def entries(self, query: str | None = None, limit: int = 1000) -> list[dict]:

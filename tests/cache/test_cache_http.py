@@ -7,7 +7,7 @@ import falcon.testing
 import pytest
 
 from helpers.api import Api
-from helpers.util import unique
+from helpers.util import unique, wait_until
 
 READ = "SELECT id, secret, n FROM {t} WHERE n >= :min ORDER BY id"
 PARAMS = {"min": {"type": "int", "default": 0}}
@@ -266,6 +266,9 @@ def test_writes_through_the_gateway_invalidate_what_read_their_tables(writer, ta
 def test_metrics_count_hits_misses_and_bytes(app, api, endpoint, table):
     ep = endpoint(READ.format(t=table), PARAMS, cache_ttl=60)
     cache = app.parts.cache
+    # The session's app shares its catalog bus's worker id with the apps other tests make in this process
+    # (fleet.bus: one per process), so it may learn of the new query a moment late: wait for it.
+    wait_until(lambda: api.call(ep.query, ep.secret, {"page_size": "1"}).status == 200, 5, what="the new query")
     hits, misses = cache.hits, cache.misses
     states = [api.call(ep.query, ep.secret).headers.get("X-Cache") for _ in range(2)]
     states.append(api.call(ep.query, ep.secret, {"cache": "false"}).headers.get("X-Cache"))
@@ -276,3 +279,26 @@ def test_metrics_count_hits_misses_and_bytes(app, api, endpoint, table):
     for name in ("gateway_cache_hits_total", "gateway_cache_misses_total", "gateway_cache_shared_fills_total",
                  "gateway_cache_evictions_total", "gateway_cache_bytes", "gateway_cache_entries"):
         assert name in text, name
+
+
+def test_changes_of_queries_never_cached_announce_no_purge(api, endpoint, table, services):
+    """A fleet that caches nothing pays nothing: no purge (no second round of acknowledgements) for a
+    change of a query none of whose versions has a TTL; one for a query that has."""
+    client = services.redis_client()
+    try:
+        def purges() -> int:
+            return int(client.get("gw:{fleet}:cache:seq") or 0)
+        plain = endpoint(READ.format(t=table), PARAMS)
+        before = purges()
+        api.ok("POST", f"/queries/{plain.query}/versions", {"sql": READ.format(t=table), "parameters": PARAMS,
+                                                             "connection_name": plain.connection, "publish": True})
+        api.ok("POST", f"/queries/{plain.query}/unpublish", {})
+        assert purges() == before
+        cached = endpoint(READ.format(t=table), PARAMS, cache_ttl=60)
+        before = purges()
+        api.ok("POST", f"/queries/{cached.query}/unpublish", {})
+        assert purges() == before + 1
+        api.ok("PATCH", f"/queries/{plain.query}/versions/1", {"cache_ttl": 0})   # set_cache_ttl always purges
+        assert purges() == before + 2
+    finally:
+        client.close()
