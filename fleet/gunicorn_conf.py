@@ -144,12 +144,14 @@ def post_worker_init(worker: Worker) -> None:
 def child_exit(server: Arbiter, worker: Worker) -> None:
     from prometheus_client import multiprocess
 
-    _slots(server).free(getattr(worker, "gw_slot", None))
+    _slots(server).free(getattr(worker, "gw_slot", None), worker.age)
 
     multiprocess.mark_process_dead(worker.pid)
 
 
 def worker_exit(server: Arbiter, worker: Worker) -> None:
+    if os.getpid() == server.pid:       # the master, for a worker gone before it was reaped
+        _slots(server).free(getattr(worker, "gw_slot", None), worker.age)
     parts = getattr(getattr(worker, "wsgi", None), "parts", None)
     if parts is not None:
         parts.close()

@@ -44,9 +44,10 @@ class Slots:
                 return slot
         return None
 
-    def free(self, slot: int | None) -> None:
-        """The worker of ``slot`` is gone (reaped, or its fork failed)."""
-        if slot is not None:
+    def free(self, slot: int | None, age: int) -> None:
+        """The worker of ``age`` in ``slot`` is gone (reaped, or found gone). Ages are unique: a
+        slot already given to a younger worker is left to it."""
+        if slot is not None and self._cells[slot * _FIELDS + _AGE] == age:
             base = slot * _FIELDS
             self._cells[base + _CONNS] = 0
             self._cells[base + _STATE] = FREE
