@@ -8,6 +8,7 @@ definition older than the last management call that returned.
 """
 from __future__ import annotations
 
+import gc
 import logging
 import threading
 import time
@@ -101,6 +102,14 @@ class CatalogHolder:
         old, self.catalog = self.catalog, new
         self.reloads += 1
         self.full_loads += full
+        if full:
+            # A whole catalog is hundreds of thousands of long-lived objects, which every full
+            # pass of the cyclic garbage collector would walk again (measured: 150-170 ms of CPU
+            # at 10,000 keys and 5,000 queries, holding the interpreter: a data-plane stall).
+            # A catalog holds no reference cycles (reference counting frees it once replaced),
+            # so everything alive now is moved out of the collector's reach. Applied changes
+            # add only a handful of objects.
+            gc.freeze()
         if self._on_reload is not None:
             self._on_reload(old, new)
 
