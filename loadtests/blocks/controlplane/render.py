@@ -74,6 +74,12 @@ def render(meta: dict, runs: list[dict]) -> str:
                    f'(`{", ".join(load.get("one_change_how", []))}`, {load.get("one_change_rows")} rows read): p50 '
                    f'{_ms(load["one_change_ms"].get("50"))} ms ({_ms(load.get("one_change_cpu_ms", {}).get("50"))} '
                    f'ms of CPU), max {_ms(load["one_change_ms"].get("max"))} ms.')
+        gcs = load.get('gc_full_pass_cpu_ms')
+        if gcs:
+            out.append(f'- A full pass of the cyclic garbage collector with that catalog alive: '
+                       f'{_ms(gcs["loaded"].get("50"))} ms of CPU (holding the interpreter); with it frozen out of the '
+                       f'collector\'s reach (`gc.freeze()`, as a worker does after a full load): '
+                       f'{_ms(gcs["frozen"].get("50"))} ms.')
     out.append('')
 
     for step, title in (('mgmt-small', 'Management calls on the small catalog (before growing it)'),

@@ -13,7 +13,9 @@ Steps, in order (every record goes to results.jsonl as it is made):
    into the store (copies of the benchmark query's stored version, so every one is a real, servable query) with
    the generation bumped and NOT logged: the next change finds a generation the change log does not cover, and
    every worker reads the whole catalog (the fallback, timed as `gap`).
-3. `full-load`: one whole-catalog read (gateway.model.catalog.load) in this process, what a new worker pays.
+3. `full-load`: one whole-catalog read (gateway.model.catalog.load) in this process, what a new worker pays; one
+   change applied from the log to it; a full pass of the cyclic garbage collector with the catalog alive, and with
+   it frozen out of the collector's reach as a worker does after a full load.
 4. `rss`: every worker's VmRSS before growing, after the keys, after the queries.
 5. `mgmt`: --samples calls of each kind (create key, patch key, publish, delete key), kinds rotated each round;
    `mgmt-small`: --small-samples of each the same way before the catalog grows (step 0), for comparison in one run.
@@ -28,6 +30,7 @@ Pinning: the gateway's master and workers on --target-cpu; PostgreSQL, Redis and
 from __future__ import annotations
 
 import argparse
+import gc
 import http.client
 import itertools
 import json
@@ -247,6 +250,19 @@ def full_load(store_url: str, write) -> None:
             cpu.append((time.process_time() - cpu_started) * 1000)
             sizes = {'keys': len(loaded.keys), 'queries': len(loaded.queries), 'rows': done.rows}
         generation = loaded.generation
+        # A full pass of the cyclic garbage collector with this catalog alive, then with it frozen out of the
+        # collector's reach (what a worker does after a full load: gateway.model.state)
+        gc_ms = {}
+        for label in ('loaded', 'frozen'):
+            if label == 'frozen':
+                gc.freeze()
+            runs = []
+            for _ in range(3):
+                cpu_started = time.process_time()
+                gc.collect()
+                runs.append((time.process_time() - cpu_started) * 1000)
+            gc_ms[label] = summary(runs)
+        gc.unfreeze()
         # The incremental refresh of one change, for comparison: the catalog one generation back applying it.
         with conn.cursor() as cur:
             cur.execute('SELECT max(generation) FROM gw_catalog_changes')
@@ -262,7 +278,7 @@ def full_load(store_url: str, write) -> None:
                                 (time.process_time() - cpu_started) * 1000))
     finally:
         conn.close()
-    write({'step': 'full-load', 'ms': summary(times), 'cpu_ms': summary(cpu), **sizes,
+    write({'step': 'full-load', 'ms': summary(times), 'cpu_ms': summary(cpu), **sizes, 'gc_full_pass_cpu_ms': gc_ms,
            'one_change_cpu_ms': summary([a[3] for a in applied]),
            'one_change_ms': summary([a[0] for a in applied]), 'one_change_how': sorted({a[1] for a in applied}),
            'one_change_rows': max((a[2] for a in applied), default=None), 'ok': True})
@@ -391,6 +407,8 @@ def main(argv=None) -> int:
     parser.add_argument('--redis-port', type=int, default=18389)
     parser.add_argument('--max-id', type=int, default=1_000_000)
     parser.add_argument('--keep-stores', action='store_true')
+    parser.add_argument('--reuse-grown', action='store_true',
+                        help="keep the store a previous run grew and skip growing it (and the small-catalog cells)")
     parser.add_argument('--allow-dirty', action='store_true')
     parser.add_argument('--out', type=Path, default=rundir.RESULTS)
     args = parser.parse_args(argv)
@@ -434,7 +452,7 @@ def _main(args, run_dir: Path, work_dir: Path) -> int:
         results.flush()
 
     store_url = system.dsn_with_db(args.database_url, STORE_DB)
-    system.recreate_database(args.database_url, STORE_DB, drop=not args.keep_stores)
+    system.recreate_database(args.database_url, STORE_DB, drop=not (args.keep_stores or args.reuse_grown))
     redis_process, redis_url = targets.start_redis(port=args.redis_port, cpu=args.pg_cpu, run_dir=work_dir)
     target = None
     failed = None
@@ -446,10 +464,12 @@ def _main(args, run_dir: Path, work_dir: Path) -> int:
                             {**targets.query_body(), 'description': 'version 2', 'publish': False}),
                            ('/api-keys', targets.key_body(Changes.patched))):
             status, reply = targets.management(target, 'POST', path, body)
-            if status != 201:
+            if status != 201 and not (status == 409 and args.reuse_grown):
                 raise targets.TargetError(f'POST {path} answered {status}: {str(reply)[:300]}')
         rss = {'small': rss_kb(pids)}
-        if args.small_samples:   # the same calls on the small catalog first: what growing it changes
+        if args.reuse_grown:   # the store a previous run grew: its workers started on the whole of it
+            rss = {'keys+queries (started on it)': rss['small']}
+        if args.small_samples and not args.reuse_grown:   # the same calls on the small catalog first: what growing it changes
             changes = Changes(target)
             try:
                 for kind in KINDS:
@@ -458,10 +478,11 @@ def _main(args, run_dir: Path, work_dir: Path) -> int:
                                  target.pids[0])
             finally:
                 changes.close()
-        grow_keys(target, args.keys, min(args.sequential_keys, args.keys), args.key_clients, write)
-        rss['keys'] = rss_kb(pids)
-        grow_queries(target, store_url, min(args.api_queries, args.queries), args.queries, write)
-        rss['keys+queries'] = rss_kb(pids)
+        if not args.reuse_grown:
+            grow_keys(target, args.keys, min(args.sequential_keys, args.keys), args.key_clients, write)
+            rss['keys'] = rss_kb(pids)
+            grow_queries(target, store_url, min(args.api_queries, args.queries), args.queries, write)
+            rss['keys+queries'] = rss_kb(pids)
         write({'step': 'rss', 'workers': len(pids), 'rss_kb': rss, 'ok': True})
         full_load(store_url, write)
         changes = Changes(target)
