@@ -97,12 +97,16 @@ CODES: dict[str, tuple[int, str]] = {
     "query_not_found": (404, "No published query by that name (drafts are not served)."),
     "version_not_found": (404, "The query has no such version, or that version was never published."),
     "connection_not_found": (404, "No connection by that name."),
+    "previous_secret_not_found": (404, "The key has no previous secret still working (never rotated, rotated "
+                                  "without grace, or its grace is over)."),
     "key_not_found": (404, "No API key by that name."),
     "cache_entry_not_found": (404, "No cached answer by that key (missing, expired, purged or evicted)."),
     "not_found": (404, "No such route."),
     "method_not_allowed": (405, "The route exists but not for this HTTP method."),
     "connection_exists": (409, "A connection by that name already exists."),
     "query_exists": (409, "A query by that name already exists."),
+    "key_rotation_pending": (409, "The key's previous secret still works (its rotation's grace period): end it "
+                             "first (`DELETE /api/v1/api-keys/<name>/previous`) or wait until `previous_expires_at`."),
     "key_exists": (409, "An API key by that name already exists."),
     "concurrent_change": (409, "The query's connection changed three times while the query was being analysed; retry."),
     "connection_in_use": (409, "Saved queries use the connection; delete them or move them first."),

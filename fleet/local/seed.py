@@ -88,7 +88,8 @@ def seed(api: Api, pg: dict, key_file: Path, writer: dict | None = None) -> str:
     elif status == 409:
         secret = key_file.read_text().strip() if key_file.exists() else ""
         if not secret or api.call("GET", "/q/account?aid=1", key=secret)[0] != 200:
-            status, body = api.call("POST", "/api/v1/api-keys/demo/rotate")
+            # The old secret is lost: no grace period for it (and none pending to refuse a later rotation).
+            status, body = api.call("POST", "/api/v1/api-keys/demo/rotate", {"grace_minutes": 0})
             if status != 200:
                 raise RuntimeError(f"rotating the demo key answered {status}: {body}")
             secret = body["secret"]

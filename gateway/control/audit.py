@@ -45,7 +45,7 @@ class Audit:
                 "next_cursor": base64.urlsafe_b64encode(str(rows[-1]["id"]).encode()).decode() if more else None}
 
 
-ACTIONS = ("create", "update", "delete", "rotate", "add_version", "publish", "unpublish")
+ACTIONS = ("create", "update", "delete", "rotate", "end_previous_secret", "add_version", "publish", "unpublish")
 
 
 def _cursor_id(raw: object) -> str:

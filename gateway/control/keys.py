@@ -7,7 +7,7 @@ from datetime import UTC, datetime, timedelta
 import psycopg2.errors
 
 from .. import crypto
-from ..errors import bad_request, conflict, not_found
+from ..errors import GatewayError, bad_request, conflict, not_found
 from ..governance import Grants
 from ..model.limits import Quota, Rate
 from ..store import statements as store
@@ -162,6 +162,12 @@ class Keys:
         with self._changes.change("rotate", "key", name) as cur:
             row = self._row(cur, name, lock=True)
             grants = dict(row["grants"] or {})
+            until_then = self._previous_until(grants)
+            if until_then is not None:
+                # As QueryAPIGate: a second rotation must not cut off the secret a caller still uses.
+                raise GatewayError(409, "key_rotation_pending", f"the secret this key had before its last rotation "
+                                   f"works until {until_then.isoformat()}: end it first (DELETE "
+                                   f".../previous), or wait", extra={"previous_expires_at": until_then.isoformat()})
             grants.pop(PREVIOUS, None)
             if grace:
                 until = datetime.now(UTC) + timedelta(minutes=grace)
@@ -170,6 +176,26 @@ class Keys:
             store.update_key_grants(cur, row["id"], grants, row["expires_at"])
             store.rotate_key(cur, row["id"], prefix, crypto.digest(secret))
         return dict(self.get(name), secret=secret)
+
+    def end_previous(self, name: str) -> dict:
+        """``DELETE /api-keys/<name>/previous``: the previous secret stops now, before its grace ends."""
+        with self._changes.change("end_previous_secret", "key", name) as cur:
+            row = self._row(cur, name, lock=True)
+            grants = dict(row["grants"] or {})
+            if self._previous_until(grants) is None:
+                raise not_found("previous_secret_not_found", f"API key '{name}' has no previous secret still working")
+            grants.pop(PREVIOUS)
+            store.update_key_grants(cur, row["id"], grants, row["expires_at"])
+        return self.get(name)
+
+    @staticmethod
+    def _previous_until(grants: dict) -> datetime | None:
+        """When the previous secret stops working, if it still does."""
+        previous = grants.get(PREVIOUS)
+        if not previous:
+            return None
+        until = datetime.fromisoformat(previous["until"])
+        return until if until > datetime.now(UTC) else None
 
     def delete(self, name: str) -> None:
         with self._changes.change("delete", "key", name) as cur:

@@ -154,6 +154,12 @@ class KeyRotateResource(_Admin):
 
 
 @_guarded
+class KeyPreviousResource(_Admin):
+    def on_delete(self, req: falcon.Request, resp: falcon.Response, name: str) -> None:
+        _send(resp, self.m.keys.end_previous(name))
+
+
+@_guarded
 class AuditResource(_Admin):
     def on_get(self, req: falcon.Request, resp: falcon.Response) -> None:
         _send(resp, self.m.audit.audit(req.params))
@@ -193,6 +199,7 @@ ROUTES = [
     ("/api/v1/api-keys", KeysResource),
     ("/api/v1/api-keys/{name}", KeyResource),
     ("/api/v1/api-keys/{name}/rotate", KeyRotateResource),
+    ("/api/v1/api-keys/{name}/previous", KeyPreviousResource),
     ("/api/v1/audit", AuditResource),
     ("/api/v1/history", HistoryResource),
 ]

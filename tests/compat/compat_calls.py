@@ -249,6 +249,10 @@ def calls(port: int, database: str) -> list[Call]:
     add("key.rotate", "POST", "/api/v1/api-keys/conly~/rotate", {}, schema="ApiKeyCreated")
     add("key.rotate.new_secret", "GET", "/q/account~", key="conly~", qs={"aid": "8"})
     add("key.rotate.old_secret_in_grace", "GET", "/q/account~", key="conly~@old", qs={"aid": "8"})
+    add("key.rotate.pending", "POST", "/api/v1/api-keys/conly~/rotate", {})
+    add("key.previous.end", "DELETE", "/api/v1/api-keys/conly~/previous", schema="ApiKey")
+    add("key.previous.ended", "GET", "/q/account~", key="conly~@old", qs={"aid": "8"})
+    add("key.previous.none", "DELETE", "/api/v1/api-keys/conly~/previous")
     add("key.rotate.no_grace", "POST", "/api/v1/api-keys/star~/rotate", {"grace_minutes": 0},
         schema="ApiKeyCreated")
     add("key.rotate.no_grace.old_secret", "GET", "/q/account~", key="star~@old", qs={"aid": "8"})

@@ -50,7 +50,14 @@ def test_rotation_keeps_the_previous_secret_for_its_grace(api, endpoint, superus
     assert api.call(ep.query, rotated["secret"]).status == 200
     assert api.call(ep.query, old).status == 200                      # in its grace period
     assert api.call(ep.query, old + "x").status == 401                # the previous prefix, a wrong secret
-    # A second rotation ends the first's grace: only the newest previous secret works.
+    # A second rotation would cut off a secret still in use: refused until the previous one is ended.
+    pending = api.manage("POST", f"/api-keys/{ep.key}/rotate", {"grace_minutes": 5})
+    assert pending.status == 409 and pending.json["code"] == "key_rotation_pending", pending
+    assert pending.json["previous_expires_at"] == rotated["previous_expires_at"]
+    ended = api.ok("DELETE", f"/api-keys/{ep.key}/previous").json
+    assert ended["previous_expires_at"] is None and api.call(ep.query, old).status == 401
+    gone = api.manage("DELETE", f"/api-keys/{ep.key}/previous")
+    assert gone.status == 404 and gone.json["code"] == "previous_secret_not_found"
     again = api.ok("POST", f"/api-keys/{ep.key}/rotate", {"grace_minutes": 5}).json
     assert api.call(ep.query, old).status == 401
     assert api.call(ep.query, rotated["secret"]).status == 200
@@ -71,7 +78,7 @@ def test_rotation_without_grace_and_deletion_end_every_secret(api, endpoint):
     rotated = api.ok("POST", f"/api-keys/{ep.key}/rotate", {"grace_minutes": 0}).json
     assert rotated["previous_expires_at"] is None
     assert api.call(ep.query, ep.secret).status == 401
-    second = api.ok("POST", f"/api-keys/{ep.key}/rotate", {}).json
+    second = api.ok("POST", f"/api-keys/{ep.key}/rotate", {}).json   # the first had no grace: nothing pending
     api.ok("DELETE", f"/api-keys/{ep.key}")
     for secret in (rotated["secret"], second["secret"]):
         assert api.call(ep.query, secret).status == 401              # both prefixes left the catalog

@@ -146,7 +146,8 @@ def test_revocation_holds_once_the_call_returns(master, admin, connection, super
         elif how == "deactivate":
             admin.ok("PATCH", f"/api-keys/{name}", {"active": False})
         else:
-            new_secret = admin.ok("POST", f"/api-keys/{name}/rotate").json["secret"]
+            # No grace period: the old secret must stop everywhere when the call returns.
+            new_secret = admin.ok("POST", f"/api-keys/{name}/rotate", {"grace_minutes": 0}).json["secret"]
         returned = time.monotonic()
         time.sleep(0.8)
     calls = load.calls

@@ -125,6 +125,12 @@ def _connection_in_use(ctx):
     return ctx.api.manage("DELETE", f"/connections/{name}")
 
 
+def _rotate_twice(ctx):
+    name = ctx.api.named_key()[0]
+    ctx.api.ok("POST", f"/api-keys/{name}/rotate", {})
+    return ctx.api.manage("POST", f"/api-keys/{name}/rotate", {})
+
+
 def _draft(ctx):
     query = ctx.api.query("SELECT 1", connection=ctx.demo, publish=False)
     return query, ctx.api.key([query], [])
@@ -289,6 +295,8 @@ PRODUCERS = {
     "connection_required": lambda ctx: ctx.api.adhoc(ctx.api.key([], [ctx.demo]), {"sql": "SELECT 1"}),
     "sql_required": lambda ctx: ctx.api.adhoc(ctx.api.key([], [ctx.demo]), {"connection_name": ctx.demo}),
     "not_published": lambda ctx: ctx.api.call(*_draft(ctx)),
+    "key_rotation_pending": lambda ctx: _rotate_twice(ctx),
+    "previous_secret_not_found": lambda ctx: ctx.api.manage("DELETE", f"/api-keys/{ctx.api.named_key()[0]}/previous"),
     "write_not_allowed": _call("DELETE FROM orders WHERE id = -1"),
     "query_not_found": lambda ctx: ctx.api.call(unique("none"), ctx.endpoint("SELECT 1").secret),
     "version_not_found": _call("SELECT 1", {"version": "2"}),
@@ -341,7 +349,8 @@ def check_error(reply, code: str) -> dict:
     assert (reply.status, reply.json.get("code")) == (status, code), reply
     body = reply.json
     assert {"error", "code", "request_id"} <= set(body)
-    assert set(body) - {"error", "code", "request_id"} <= {"errors", "sqlstate", "condition", "retry_after", "rows_affected"}
+    assert set(body) - {"error", "code", "request_id"} <= {"errors", "sqlstate", "condition", "retry_after", "rows_affected",
+                                                            "previous_expires_at"}
     assert isinstance(body["error"], str) and body["error"]
     assert reply.headers["X-Request-Id"] == body["request_id"]
     assert reply.headers["Content-Type"] == "application/json"
