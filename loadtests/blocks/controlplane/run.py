@@ -459,6 +459,11 @@ def _main(args, run_dir: Path, work_dir: Path) -> int:
     try:
         target, pids = start(args, work_dir, store_url, redis_url, args.workers)
         meta['targets'].append(target.summary())
+        if args.reuse_grown:   # the password was sealed with the previous run's GATEWAY_SECRET_KEY: seal it again
+            body = {k: v for k, v in targets.connection_body(args.database_url).items() if k != 'name'}
+            status, reply = targets.management(target, 'PATCH', f'/connections/{targets.CONNECTION}', body)
+            if status != 200:
+                raise targets.TargetError(f'PATCH /connections/{targets.CONNECTION} answered {status}: {str(reply)[:300]}')
         target.info['provisioned'] = targets.provision(target, args.database_url)
         for path, body in ((f'/queries/{targets.QUERY}/versions',
                             {**targets.query_body(), 'description': 'version 2', 'publish': False}),
