@@ -68,7 +68,7 @@ CODES: dict[str, tuple[int, str]] = {
     "param_required": (400, "A required query parameter is missing; `errors` names it."),
     "invalid_paging": (400, "`page` or `page_size` is not a positive integer, or `page_size` is above "
                             "`GATEWAY_MAX_PAGE_SIZE`."),
-    "invalid_format": (400, "`format` is not one of `json`, `ndjson`, `csv`, `tsv`."),
+    "invalid_format": (400, "`format` is not one of `json`, `ndjson`, `csv`, `tsv`, `xml`, `yaml`."),
     "invalid_timeout": (400, "`timeout` is not a positive number of seconds."),
     "invalid_stream": (400, "`stream` is not a boolean, or asks to stream `json` (stream `csv`, `tsv` or `ndjson`)."),
     "invalid_version": (400, "`version` is not a positive integer."),

@@ -1,5 +1,5 @@
 """Output formats: JSON (a list of row objects, QueryAPIGate's shape), NDJSON, CSV and TSV, each
-as a whole page or as a stream of chunks.
+as a whole page or as a stream of chunks; XML and YAML as a whole page (QueryAPIGate's shapes).
 
 NUMERIC arrives as float (a typecaster set on the session, as QueryAPIGate returns it),
 timestamps as ISO 8601; bytes are decoded as UTF-8 with replacement.
@@ -8,15 +8,19 @@ from __future__ import annotations
 
 import csv
 import io
+import re
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from datetime import date, datetime, time
+from xml.etree import ElementTree
 
 import orjson
+import yaml
 
-FORMATS = ("json", "ndjson", "csv", "tsv")
+FORMATS = ("json", "ndjson", "csv", "tsv", "xml", "yaml")
 STREAM_FORMATS = ("ndjson", "csv", "tsv")
 CONTENT_TYPES = {"json": "application/json", "ndjson": "application/x-ndjson",
-                 "csv": "text/csv; charset=utf-8", "tsv": "text/tab-separated-values; charset=utf-8"}
+                 "csv": "text/csv; charset=utf-8", "tsv": "text/tab-separated-values; charset=utf-8",
+                 "xml": "application/xml; charset=utf-8", "yaml": "application/x-yaml; charset=utf-8"}
 _OPTS = orjson.OPT_SERIALIZE_NUMPY
 
 
@@ -72,8 +76,51 @@ def render_tsv(columns: Sequence[str], rows: Iterable[Sequence], header: bool = 
     return render_csv(columns, rows, header, delimiter="\t")
 
 
+def _plain(value: object) -> object:
+    """A cell as text-friendly data: timestamps as ISO 8601 (as JSON has them), bytes decoded."""
+    if isinstance(value, (datetime, date, time)):
+        return value.isoformat()
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return bytes(value).decode("utf-8", "replace")
+    return value
+
+
+def _xml_name(name: str) -> str:
+    """A column name as an XML element name (QueryAPIGate's rule)."""
+    name = re.sub(r"[^\w.\-]", "_", name)
+    return name if re.match(r"[A-Za-z_]", name) else f"_{name}"
+
+
+def _xml_text(value: object) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, bool):
+        return "True" if value else "False"
+    if isinstance(value, (dict, list)):
+        return orjson.dumps(value).decode()
+    return str(_plain(value))
+
+
+def render_xml(columns: Sequence[str], rows: Iterable[Sequence]) -> bytes:
+    """``<data><item><column>value</column>...</item>...</data>`` (QueryAPIGate's shape); NULL is empty."""
+    root = ElementTree.Element("data")
+    tags = [_xml_name(c) for c in columns]
+    for row in rows:
+        item = ElementTree.SubElement(root, "item")
+        for tag, value in zip(tags, row, strict=False):
+            ElementTree.SubElement(item, tag).text = _xml_text(value)
+    return ElementTree.tostring(root, encoding="utf-8", xml_declaration=False)
+
+
+def render_yaml(columns: Sequence[str], rows: Iterable[Sequence]) -> bytes:
+    """A YAML list of row mappings (QueryAPIGate's: ``yaml.safe_dump``, block style, column order kept)."""
+    docs = [{c: _plain(v) for c, v in zip(columns, row, strict=False)} for row in rows]
+    return yaml.safe_dump(docs, default_flow_style=False, sort_keys=False, allow_unicode=True).encode()
+
+
 RENDERERS: dict[str, Callable[[Sequence[str], Sequence[Sequence]], bytes]] = {
-    "json": render_json, "ndjson": render_ndjson, "csv": render_csv, "tsv": render_tsv}
+    "json": render_json, "ndjson": render_ndjson, "csv": render_csv, "tsv": render_tsv, "xml": render_xml,
+    "yaml": render_yaml}
 
 
 def stream_chunks(fmt: str, columns: Sequence[str], batches: Iterable[Sequence[Sequence]]) -> Iterator[bytes]:

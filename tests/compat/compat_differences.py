@@ -116,8 +116,9 @@ DIFFERENCES = {d.name: d for d in (
         lambda peer, ours: _is(peer, 403, "connection_forbidden") and _is(ours, 404, "connection_not_found")),
     Difference(
         "formats_subset",
-        "Formats are `json`, `ndjson`, `csv` and `tsv` (QueryAPIGate also has `xml`, `yaml`, `xlsx`, "
-        "`parquet`): the others answer 400 `invalid_format`; they are not served yet.",
+        "Formats are `json`, `ndjson`, `csv`, `tsv`, `xml` and `yaml` (QueryAPIGate also has `xlsx` and "
+        "`parquet`): those answer 400 `invalid_format`; binary spreadsheets and columnar files are not served "
+        "yet.",
         lambda peer, ours: peer.status == 200 and _is(ours, 400, "invalid_format")),
     Difference(
         "body_paging",

@@ -10,8 +10,10 @@ import csv
 import io
 import json
 import re
+from xml.etree import ElementTree
 
 import pytest
+import yaml
 from compat_calls import Call, calls
 from compat_differences import DIFFERENCES
 
@@ -46,6 +48,10 @@ def rows_of(reply) -> list | None:
     text = reply.content.decode(errors="replace")
     if kind in ("text/csv", "text/tab-separated-values"):
         return [list(r) for r in csv.reader(io.StringIO(text), delimiter="," if kind == "text/csv" else "\t")]
+    if kind == "application/x-yaml":
+        return yaml.safe_load(text)
+    if kind == "application/xml":
+        return [{c.tag: c.text or "" for c in item} for item in ElementTree.fromstring(text)]
     if "ndjson" in kind or "jsonl" in kind:
         return [json.loads(line) for line in text.splitlines() if line.strip()]
     body = _json(reply)

@@ -1,14 +1,25 @@
-"""Output formats: JSON (a list of row objects), NDJSON and CSV."""
+"""Output formats: JSON (a list of row objects), NDJSON, CSV, TSV, XML and YAML."""
 from __future__ import annotations
 
 import csv
 import io
 import json
 from datetime import UTC, date, datetime
+from xml.etree import ElementTree
 
 import pytest
+import yaml
 
-from gateway.execution.formats import render_csv, render_json, render_ndjson, stream_chunks, unique_names
+from gateway.execution.formats import (
+    render_csv,
+    render_json,
+    render_ndjson,
+    render_tsv,
+    render_xml,
+    render_yaml,
+    stream_chunks,
+    unique_names,
+)
 
 ORDERS_SQL = ("SELECT id, amount, status, ordered_at, ordered_at::date AS day, amount > 100 AS big, "
               "NULL::text AS nothing FROM orders WHERE id <= :n ORDER BY id")
@@ -88,7 +99,7 @@ def test_format_in_post_body_and_case(api, endpoint):
     assert upper.status == 200 and json.loads(upper.text) == EXPECTED[0]
 
 
-@pytest.mark.parametrize("fmt", ["xml", "", "json,csv"])
+@pytest.mark.parametrize("fmt", ["xlsx", "", "json,csv"])
 def test_unknown_format(api, endpoint, fmt):
     ep = endpoint(ORDERS_SQL, ORDERS_PARAMS)
     got = api.call(ep.query, ep.secret, query_string=f"format={fmt}")
@@ -119,3 +130,33 @@ def test_duplicate_column_names_are_kept(api, endpoint, fmt, stream):
     else:
         rows = got.json if fmt == "json" else [json.loads(x) for x in got.text.splitlines()]
         assert rows == [{"id": 920, "id_2": 1, "id_3": 920}]
+
+
+def test_tsv_xml_and_yaml_renderers():
+    """QueryAPIGate's shapes: TSV quoted as CSV where needed; XML ``<data><item>`` with column names made
+    element names and NULL empty; YAML a block list of mappings in column order; timestamps ISO 8601."""
+    columns = ("a", "b c", "1d")
+    rows = [(1, "x\ty", None), (2.5, datetime(2024, 1, 2, 3, 4, tzinfo=UTC), True)]
+    assert render_tsv(columns, rows).decode() == 'a\tb c\t1d\n1\t"x\ty"\t\n2.5\t2024-01-02T03:04:00+00:00\ttrue\n'
+    assert render_xml(columns, rows).decode() == (
+        "<data><item><a>1</a><b_c>x\ty</b_c><_1d /></item>"
+        "<item><a>2.5</a><b_c>2024-01-02T03:04:00+00:00</b_c><_1d>True</_1d></item></data>")
+    assert render_xml(("x",), [("<&>",)]).decode() == "<data><item><x>&lt;&amp;&gt;</x></item></data>"
+    assert render_yaml(columns, rows).decode() == (
+        "- a: 1\n  b c: \"x\\ty\"\n  1d: null\n- a: 2.5\n  b c: '2024-01-02T03:04:00+00:00'\n  1d: true\n")
+    assert render_yaml(columns, []).decode() == "[]\n"
+
+
+def test_xml_and_yaml_over_http(api, endpoint):
+    ep = endpoint(ORDERS_SQL, ORDERS_PARAMS)
+    got = api.call(ep.query, ep.secret, {"format": "yaml"})
+    assert got.status == 200 and got.headers["Content-Type"].startswith("application/x-yaml"), got
+    assert yaml.safe_load(got.text) == EXPECTED
+    got = api.call(ep.query, ep.secret, {"format": "xml", "n": "1"})
+    assert got.status == 200 and got.headers["Content-Type"].startswith("application/xml"), got
+    item = ElementTree.fromstring(got.text)[0]
+    assert {c.tag: c.text for c in item} == {"id": "1", "amount": "84.26", "status": "paid",
+                                             "ordered_at": "2023-06-01T02:17:00+00:00", "day": "2023-06-01",
+                                             "big": "False", "nothing": None}
+    streamed = api.call(ep.query, ep.secret, {"format": "xml", "stream": "true"})
+    assert streamed.status == 400 and streamed.json["code"] == "invalid_stream"

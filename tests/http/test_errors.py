@@ -262,7 +262,7 @@ PRODUCERS = {
     "param_invalid": _call("SELECT :i AS i", {"i": "x"}, spec={"i": {"type": "int"}}),
     "param_required": _call("SELECT :i AS i", spec={"i": {"type": "int", "required": True}}),
     "invalid_paging": _call("SELECT 1", {"page": "0"}),
-    "invalid_format": _call("SELECT 1", {"format": "xml"}),
+    "invalid_format": _call("SELECT 1", {"format": "xlsx"}),
     "invalid_timeout": _call("SELECT 1", {"timeout": "abc"}),
     "invalid_stream": _call("SELECT 1", {"stream": "true", "format": "json"}),
     "invalid_version": _call("SELECT 1", {"version": "abc"}),
