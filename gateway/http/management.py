@@ -184,7 +184,11 @@ class QuotaUsageResource:
         self._check(req)
         # A key rotated within its grace period is indexed by both prefixes: list it once.
         keys = sorted({k.id: k for k in self._holder.current().keys.values()}.values(), key=lambda k: k.name)
-        _send(resp, {"items": self._admission.usage(keys)})
+        items = self._admission.usage(keys)
+        for item in items:   # QueryAPIGate's names beside this gateway's
+            item.update(caller=item["key"], per=item["quota"]["per"], calls=item["calls_used"],
+                        rows=item["rows_used"], updated_at=None)
+        _send(resp, {"items": items})
 
 
 ROUTES = [

@@ -131,6 +131,9 @@ def calls(port: int, database: str) -> list[Call]:
         {"name": "today~", "connections": ["demo~"], "expires_at": today}, schema="ApiKeyCreated")
     add("key.create.expired", "POST", "/api/v1/api-keys",
         {"name": "old~", "connections": ["demo~"], "expires_at": yesterday}, schema="ApiKeyCreated")
+    add("key.create.quota", "POST", "/api/v1/api-keys",
+        {"name": "quota~", "queries": ["account~"], "connections": [], "quota": {"calls": 100, "per": "day"}},
+        schema="ApiKeyCreated")
     add("key.create.unknown_field", "POST", "/api/v1/api-keys", {"name": "badk~", "colour": "blue"})
     add("key.create.exists", "POST", "/api/v1/api-keys", {"name": "reader~", "connections": ["demo~"]})
     add("key.get", "GET", "/api/v1/api-keys/reader~", schema="ApiKey")
@@ -145,6 +148,7 @@ def calls(port: int, database: str) -> list[Call]:
     add("q.post.params", "POST", "/q/account~", {"params": {"aid": 42}}, key="reader~")
     add("q.post.bare", "POST", "/q/account~", {"aid": 42}, key="reader~", differs="unknown_body_field_refused")
     add("q.admin", "GET", "/q/account~", key="admin", qs={"aid": "1"})
+    add("q.quota", "GET", "/q/account~", key="quota~", qs={"aid": "1"})
     add("q.no_key", "GET", "/q/account~", key=None, qs={"aid": "1"})
     add("q.bad_key", "GET", "/q/account~", key="bad", qs={"aid": "1"})
     add("q.missing_param", "GET", "/q/account~", key="reader~")

@@ -86,11 +86,11 @@ def differences(call: Call, peer, ours, openapi: dict) -> list[str]:
             for item_list in ("items",):
                 if item_list in need and isinstance(pj.get(item_list), list) and pj[item_list] \
                         and isinstance(oj.get(item_list), list) and oj[item_list]:
-                    inner = _item_schema(openapi, call.schema)
+                    inner = _item_fields(openapi, call.schema)
                     if inner:
-                        missing = required_fields(openapi, inner) - set(oj[item_list][0])
+                        missing = inner[1] - set(oj[item_list][0])
                         if missing:
-                            found.append(f"{inner} (items) lacks required {sorted(missing)}")
+                            found.append(f"{inner[0]} (items) lacks required {sorted(missing)}")
             if call.path == "/api/v1/queries" and call.qs:   # a filtered listing: the same queries
                 theirs = sorted(i["name"] for i in pj["items"])
                 mine = sorted(i["name"] for i in oj.get("items", ()))
@@ -115,10 +115,14 @@ def differences(call: Call, peer, ours, openapi: dict) -> list[str]:
     return found
 
 
-def _item_schema(openapi: dict, name: str) -> str | None:
+def _item_fields(openapi: dict, name: str) -> tuple[str, set[str]] | None:
+    """The required fields of a listing's items: (what to call them, the fields)."""
     items = openapi["components"]["schemas"][name].get("properties", {}).get("items", {}).get("items", {})
     ref = items.get("$ref")
-    return ref.rsplit("/", 1)[1] if ref else None
+    if ref:
+        inner = ref.rsplit("/", 1)[1]
+        return inner, required_fields(openapi, inner)
+    return (f"{name} item", set(items["required"])) if items.get("required") else None
 
 
 @pytest.mark.parametrize("call", CALLS, ids=[c.id for c in CALLS])
