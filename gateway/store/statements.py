@@ -88,7 +88,9 @@ def audit_count(cur: Cursor, where: str, values: list) -> int:
 
 
 def history_entries(cur: Cursor, where: str, values: list, limit: int) -> list[dict]:
-    cur.execute("SELECT h.id, h.at, h.request_id, k.name AS key, h.query, h.version, h.status, h.code, "
+    # key_id 0 is the admin key on the data plane (no row of its own).
+    cur.execute("SELECT h.id, h.at, h.request_id, CASE WHEN h.key_id = 0 THEN 'admin' ELSE k.name END AS key, "
+                "h.query, h.version, h.status, h.code, "
                 "h.row_count, h.duration_ms, h.worker FROM gw_run_history h "
                 f"LEFT JOIN gw_api_keys k ON k.id = h.key_id {where} ORDER BY h.id DESC LIMIT %s",
                 values + [limit])

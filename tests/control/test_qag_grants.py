@@ -10,6 +10,7 @@ from datetime import UTC, datetime, timedelta
 import falcon.testing
 
 from gateway.ports import LocalSync
+from helpers.history import wait_for_history
 from helpers.util import ADMIN_KEY, unique
 
 
@@ -107,10 +108,14 @@ def test_expires_at_a_date_is_valid_through_that_day(api, endpoint):
     assert api.call(ep.query, yesterday).json["code"] == "key_expired"
 
 
-def test_the_admin_key_on_the_data_plane(api, endpoint, demo_connection):
+def test_the_admin_key_on_the_data_plane(api, endpoint, demo_connection, superuser):
     ep = endpoint("SELECT :n::int AS n", {"n": "int"})
     got = api.call(ep.query, ADMIN_KEY, {"n": "4"})
     assert got.status == 200 and got.json == [{"n": 4}], got
+    rid = got.headers["X-Request-Id"]
+    assert wait_for_history(superuser, [rid])[rid][5] == 0               # recorded as the admin (key id 0)
+    listed = api.ok("GET", "/history", params={"query": ep.query}).json["items"]
+    assert [(r["key"], r["status"]) for r in listed if r["request_id"] == rid] == [("admin", 200)]
     adhoc = api.adhoc(ADMIN_KEY, {"sql": "SELECT 5 AS n", "connection_name": demo_connection})
     assert adhoc.status == 200 and adhoc.json == [{"n": 5}]
     # Still governed where the server decides: writes need GATEWAY_ALLOW_WRITES (off here).
