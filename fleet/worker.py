@@ -154,6 +154,8 @@ class BalancedThreadWorker(ThreadWorker):
                 least = conns if least is None else min(least, conns)
                 total += conns
                 serving += 1
+            else:
+                self._sibling_away_at = now      # for _may_leave's spacing
         self._fair = least is None or mine <= least + SLACK
         even = -(-total // serving)
         with self._shed_lock:
