@@ -162,3 +162,23 @@ def test_driver_options_reach_libpq(api, demo_connection):
     bad = api.manage("POST", "/connections", {"name": unique("c"), "host": "h", "database": "d", "user": "u",
                                               "colour": "red"})
     assert bad.status == 400 and bad.json["code"] == "unknown_field"
+
+
+def test_history_pages_with_next_cursor(api, endpoint, superuser):
+    ep = endpoint("SELECT 1 AS one")
+    rids = [api.call(ep.query, ep.secret).headers["X-Request-Id"] for _ in range(3)]
+    wait_for_history(superuser, rids)
+    seen, cursor = [], None
+    for _ in range(3):
+        params = {"query": ep.query, "limit": "1", **({"cursor": cursor} if cursor else {})}
+        page = api.ok("GET", "/history", params=params).json
+        assert len(page["items"]) == 1 and page["items"][0]["kind"] == "saved"
+        seen.append(page["items"][0]["request_id"])
+        cursor = page["next_cursor"]
+        assert cursor
+    assert seen == rids[::-1]                               # newest first, each once
+    last = api.ok("GET", "/history", params={"query": ep.query, "limit": "5", "cursor": cursor}).json
+    assert last == {"items": [], "next_cursor": None}
+    for bad in ("x", "%%%", "LTE="):                         # not one this server returned
+        got = api.manage("GET", "/history", params={"cursor": bad})
+        assert got.status == 400 and got.json["code"] == "invalid_filter", (bad, got)
