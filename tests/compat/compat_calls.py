@@ -94,6 +94,13 @@ def calls(port: int, database: str) -> list[Call]:
     add("query.version.add", "POST", "/api/v1/queries/draft~/versions",
         {"description": "v2", "sql": "SELECT aid, bid FROM pgbench_accounts WHERE aid = :aid",
          "connection_name": "demo~", "parameters": {"aid": "int"}}, schema="Query")
+    add("query.create.vdel", "POST", "/api/v1/queries",
+        {"name": "vdel~", "description": "Two versions", "sql": ACCOUNT_SQL, "connection_name": "demo~",
+         "parameters": {"aid": "int"}, "publish": True}, schema="Query")
+    add("query.version.add.vdel", "POST", "/api/v1/queries/vdel~/versions",
+        {"description": "v2", "sql": ACCOUNT_SQL, "connection_name": "demo~", "parameters": {"aid": "int"}},
+        schema="Query")
+    add("query.version.delete", "DELETE", "/api/v1/queries/vdel~/versions/2", differs="versions_kept")
     add("query.get", "GET", "/api/v1/queries/account~", schema="Query")
     add("query.get.missing", "GET", "/api/v1/queries/nope~")
     add("query.list", "GET", "/api/v1/queries", schema="QueryList")

@@ -81,6 +81,13 @@ DIFFERENCES = {d.name: d for d in (
         "misspelt filter must not return everything.",
         lambda peer, ours: peer.status == 200 and _is(ours, 400, "invalid_filter")),
     Difference(
+        "versions_kept",
+        "`DELETE /api/v1/queries/<name>/versions/<n>` is not served (405; QueryAPIGate deletes the version): a "
+        "version number is never reused, because every worker's sessions hold prepared statements by it; "
+        "publish another version, or delete the query.",
+        lambda peer, ours: peer.status in (200, 204) and (_is(ours, 405, "method_not_allowed")
+                                                         or _is(ours, 404, "not_found"))),
+    Difference(
         "database_error_is_400",
         "A statement the database rejects answers 400 `query_failed` with the SQLSTATE and its condition name "
         "(QueryAPIGate: 500 with the server's message in `detail`): it is the statement's fault, not the "
