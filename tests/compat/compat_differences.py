@@ -118,8 +118,9 @@ DIFFERENCES = {d.name: d for d in (
         lambda peer, ours: peer.status == 200 and _is(ours, 400, "invalid_body")),
     Difference(
         "unknown_connection_404",
-        "`/execute_sql` on a connection that does not exist answers 404 `connection_not_found` (QueryAPIGate: "
-        "403 `connection_forbidden`), as every other route of this gateway does for a missing connection.",
+        "`/execute_sql` on a connection that does not exist answers 404 `connection_not_found` for every key "
+        "(QueryAPIGate: 404 for the admin key, 403 `connection_forbidden` for others), as every other route of "
+        "this gateway does for a missing connection.",
         lambda peer, ours: _is(peer, 403, "connection_forbidden") and _is(ours, 404, "connection_not_found")),
     Difference(
         "formats_subset",
