@@ -19,6 +19,8 @@ import json
 import secrets
 import statistics
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from . import system, targets, wrk
@@ -31,6 +33,36 @@ LAYOUTS = {"1 worker": {"GATEWAY_WORKERS": "1"},
            "4 plain gthread": {"GATEWAY_WORKERS": "4",
                                "GATEWAY_WORKER_CLASS": "gunicorn.workers.gthread.ThreadWorker"}}
 DEFAULT_LAYOUTS = ["1 worker", "2 workers", "4 workers", "2 plain gthread"]
+
+
+@contextmanager
+def fleet_services(local_pg: str, pg_port: int, redis_port: int, redis_cpu: str | None) -> Iterator[tuple[dict, dict]]:
+    """fleet.local's PostgreSQL with the demo data and an empty store, and a Redis, for one run:
+    ({url, store_url, redis_url, run_dir, max_aid}, the GATEWAY_SECRET_KEY every master shares
+    to read the store's connection password)."""
+    from fleet.local import LocalPostgres
+    from fleet.local.demo import create_demo_data
+    pg = LocalPostgres(local_pg, pg_port)
+    pg.start()
+    try:
+        pg.ensure_database("demo")
+        data_url = pg.url("demo")
+        try:
+            data = system.check_demo_table(data_url)
+        except RuntimeError:
+            create_demo_data(data_url)
+            data = system.check_demo_table(data_url)
+        run_dir = Path(local_pg) / "runs"
+        redis, redis_url = targets.start_redis(port=redis_port, cpu=redis_cpu, run_dir=run_dir)
+        try:
+            system.recreate_database(data_url, "gwsharedcore")
+            yield ({"url": data_url, "store_url": system.dsn_with_db(data_url, "gwsharedcore"),
+                    "redis_url": redis_url, "run_dir": run_dir, "max_aid": data["max_aid"]},
+                   {"GATEWAY_SECRET_KEY": secrets.token_urlsafe(32)})
+        finally:
+            targets.stop_process(redis)
+    finally:
+        pg.stop()
 
 
 def main() -> None:
@@ -51,27 +83,11 @@ def main() -> None:
                         help=f"comma-separated, the first is the reference; of: {', '.join(LAYOUTS)}")
     args = parser.parse_args()
 
-    from fleet.local import LocalPostgres
-    from fleet.local.demo import create_demo_data
-    pg = LocalPostgres(args.local_pg, args.local_pg_port)
-    pg.start()
-    pg.ensure_database("demo")
-    data_url = pg.url("demo")
-    try:
-        data = system.check_demo_table(data_url)
-    except RuntimeError:
-        create_demo_data(data_url)
-        data = system.check_demo_table(data_url)
-    run_dir = Path(args.local_pg) / "runs"
-    redis, redis_url = targets.start_redis(port=args.redis_port, cpu=args.wrk_cpu, run_dir=run_dir)
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    # One store for every master: one secret key to read the connection's password with.
-    secret = {"GATEWAY_SECRET_KEY": secrets.token_urlsafe(32)}
     names = [name.strip() for name in args.layouts.split(",")]
     results: dict[str, list[float]] = {name: [] for name in names}
-    try:
-        system.recreate_database(data_url, "gwsharedcore")
-        store_url = system.dsn_with_db(data_url, "gwsharedcore")
+    with fleet_services(args.local_pg, args.local_pg_port, args.redis_port, args.wrk_cpu) as (data, secret):
+        data_url, store_url, redis_url, run_dir = data["url"], data["store_url"], data["redis_url"], data["run_dir"]
         for round_no in range(args.rounds):
             order = names[round_no % len(names):] + names[:round_no % len(names)]
             for name in order:
@@ -97,9 +113,6 @@ def main() -> None:
                 with args.out.open("a") as out:
                     out.write(json.dumps(line) + "\n")
                 results[name].append(result.rps if not result.error_count else float("nan"))
-    finally:
-        targets.stop_process(redis)
-        pg.stop()
     base = results[names[0]]
     for name, values in results.items():
         ratios = [v / b for v, b in zip(values, base, strict=True)]
