@@ -31,10 +31,7 @@ from gateway.settings import Settings
 from helpers.api import Api
 from helpers.masters import Master
 from helpers.services import PG_PORT, PRIVATE_PG_PORT, PRIVATE_REDIS_PORT, REDIS_PORT, start_services
-from helpers.util import ADMIN_KEY, PASSWORD_ENV, ROOT, SECRET_KEY, free_port, unique
-
-# Imported from here by tests/test_loadtests.py; everything else imports them from helpers.
-__all__ = ["ADMIN_KEY", "ROOT", "free_port", "unique"]
+from helpers.util import ADMIN_KEY, PASSWORD_ENV, SECRET_KEY, unique
 
 
 # --- servers ---------------------------------------------------------------------------

@@ -16,8 +16,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import ADMIN_KEY, ROOT, free_port, unique
 
+from helpers.util import ADMIN_KEY, ROOT, free_port, unique
 from loadtests import report
 from loadtests.scenarios import provision
 
