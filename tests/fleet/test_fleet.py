@@ -191,7 +191,7 @@ def test_publish_and_rollback_hold_once_the_call_returns(master, admin, connecti
         seen = [c for c in calls if c.started > returned and c.ended < next_start]
         assert len(seen) >= 10, (i, version, len(seen))
         if version is None:
-            assert statuses(seen) == {(404, "query_not_found"): len(seen)}, statuses(seen)
+            assert statuses(seen) == {(404, "not_published"): len(seen)}, statuses(seen)
         else:
             wrong = [c for c in seen if c.status != 200 or c.body != [{"v": version}]]
             assert not wrong, (i, version, wrong[:3])
