@@ -3,8 +3,8 @@
     .venv/bin/python -m loadtests.capacity --local-pg /tmp/bench-pg [--rows 200000] [--batch 500]
 
 Writes `--rows` runs into a fresh store database (every migration applied) exactly as a worker's history thread
-does (gateway.store.history: the COPY line each call makes, batches of `--batch` through one COPY each, one commit
-a batch), and reads the CPU of the PostgreSQL backend that served them from /proc, so the figure is the store's
+does (gateway.store.history: batches of `--batch` runs made into COPY lines and sent through one COPY each, one
+commit a batch), and reads the CPU of the PostgreSQL backend that served them from /proc, so the figure is the store's
 own work per row and not the client's. Then reads it back the way a quota rebuild does (AdmittedUsage, one key's
 admitted calls and rows since a time). Prints one JSON line; --out writes it to a file too.
 """
@@ -27,7 +27,7 @@ def backend_cpu_s(pid: int) -> float:
 
 
 def measure(database_url: str, rows: int, batch: int) -> dict:
-    from gateway.store.history import AdmittedUsage, HistoryWriter, _Clock, copy_line
+    from gateway.store.history import AdmittedUsage, HistoryWriter
     from gateway.store.schema import migrate
     store_url = system.dsn_with_db(database_url, 'gwstore_capacity')
     system.recreate_database(database_url, 'gwstore_capacity')
@@ -37,18 +37,17 @@ def measure(database_url: str, rows: int, batch: int) -> dict:
     with conn.cursor() as cur:
         cur.execute('SELECT pg_backend_pid()')
         backend = cur.fetchone()[0]
-    clock = _Clock()
     keys = 1000
     started = time.time() - 3600
-    lines = [copy_line(clock, (started + i * 0.001, secrets.token_hex(5), i % keys + 1, 'account', 1, 200, None,
-                                1, 0.8, 'bench:1', True)) for i in range(rows)]
+    runs = [(started + i * 0.001, secrets.token_hex(5), i % keys + 1, 'account', 1, 200, None, 1, 0.8, 'bench:1',
+             True) for i in range(rows)]
     with conn.cursor() as cur:
         cur.execute('SELECT pg_current_wal_lsn()')
         wal0 = cur.fetchone()[0]
     conn.commit()
     cpu0, wall0 = backend_cpu_s(backend), time.monotonic()
     for i in range(0, rows, batch):
-        HistoryWriter._store(conn, lines[i:i + batch])
+        HistoryWriter._store(conn, runs[i:i + batch])
         conn.commit()
     write_cpu, write_wall = backend_cpu_s(backend) - cpu0, time.monotonic() - wall0
     with conn.cursor() as cur:
