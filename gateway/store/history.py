@@ -29,6 +29,7 @@ import psycopg2
 import psycopg2.extensions
 
 from ..ports import Run
+from .oneconn import OneConnection
 from .spool import Spool, orphans, replay
 
 log = logging.getLogger("gateway.history")
@@ -260,45 +261,17 @@ class AdmittedUsage:
 
     The admission's quota counters live in Redis; when one is (re)created, at the start of a
     period or after Redis lost it, it starts from this (``fleet.leases``), so it is read once
-    per key and period, or after a loss, never per call. One connection, opened on first use,
-    reopened once when it broke; a caller sees the store's error only when that fails too.
+    per key and period, or after a loss, never per call. One connection (``oneconn.OneConnection``).
     Runs written before the ``admitted`` column count when they succeeded.
     """
 
     def __init__(self, connect: Callable[[], psycopg2.extensions.connection]) -> None:
-        self._connect = connect
-        self._conn: psycopg2.extensions.connection | None = None
-        self._lock = threading.Lock()
+        self._conn = OneConnection(connect)
 
     def __call__(self, key_id: int, since: float) -> tuple[int, int]:
-        with self._lock:
-            try:
-                return self._read(key_id, since)
-            except (psycopg2.OperationalError, psycopg2.InterfaceError):
-                self._drop()   # a broken connection (the store restarted): once more on a fresh one
-            try:
-                return self._read(key_id, since)
-            except (psycopg2.OperationalError, psycopg2.InterfaceError):
-                self._drop()
-                raise
-
-    def _read(self, key_id: int, since: float) -> tuple[int, int]:
-        if self._conn is None or self._conn.closed:
-            self._conn = self._connect()
-            self._conn.autocommit = True
-        with self._conn.cursor() as cur:
-            cur.execute(_ADMITTED, (key_id, since))
-            calls, rows = cur.fetchone()
+        row = self._conn.fetchone(_ADMITTED, (key_id, since))
+        calls, rows = row if row else (0, 0)
         return int(calls), int(rows)
 
-    def _drop(self) -> None:
-        conn, self._conn = self._conn, None
-        if conn is not None and not conn.closed:
-            try:
-                conn.close()
-            except psycopg2.Error:
-                pass
-
     def close(self) -> None:
-        with self._lock:
-            self._drop()
+        self._conn.close()

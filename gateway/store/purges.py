@@ -4,23 +4,20 @@ Every purge of the response cache, and every write through the gateway that inva
 cached answers, bumps it before it returns. A worker that hears the cache's bus needs
 none of this; one that does not (its lease ran out) reads it before serving from memory:
 if it moved, a purge the worker did not apply may have happened, and its memory is emptied
-(``gateway.cache.service``). One connection, opened on first use, reopened once when it
-broke; a caller sees the store's error only when that fails too.
+(``gateway.cache.service``). One connection (``oneconn.OneConnection``).
 """
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable
 
-import psycopg2
 import psycopg2.extensions
+
+from .oneconn import OneConnection
 
 
 class PurgeCounter:
     def __init__(self, connect: Callable[[], psycopg2.extensions.connection]) -> None:
-        self._connect = connect
-        self._conn: psycopg2.extensions.connection | None = None
-        self._lock = threading.Lock()
+        self._conn = OneConnection(connect)
 
     def bump(self) -> int:
         return self._run("UPDATE gw_cache_state SET purges = purges + 1 RETURNING purges")
@@ -29,34 +26,8 @@ class PurgeCounter:
         return self._run("SELECT purges FROM gw_cache_state")
 
     def _run(self, statement: str) -> int:
-        with self._lock:
-            try:
-                return self._once(statement)
-            except (psycopg2.OperationalError, psycopg2.InterfaceError):
-                self._drop()   # a broken connection (the store restarted): once more on a fresh one
-            try:
-                return self._once(statement)
-            except (psycopg2.OperationalError, psycopg2.InterfaceError):
-                self._drop()
-                raise
-
-    def _once(self, statement: str) -> int:
-        if self._conn is None or self._conn.closed:
-            self._conn = self._connect()
-            self._conn.autocommit = True
-        with self._conn.cursor() as cur:
-            cur.execute(statement)
-            row = cur.fetchone()
+        row = self._conn.fetchone(statement)
         return int(row[0]) if row else 0
 
-    def _drop(self) -> None:
-        conn, self._conn = self._conn, None
-        if conn is not None and not conn.closed:
-            try:
-                conn.close()
-            except psycopg2.Error:
-                pass
-
     def close(self) -> None:
-        with self._lock:
-            self._drop()
+        self._conn.close()
