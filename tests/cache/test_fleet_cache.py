@@ -54,11 +54,15 @@ def test_a_worker_that_misses_fills_from_another_workers_answer(fleet_api, maste
     connection = api.connection()
     query = api.query(f"SELECT v FROM {table} WHERE id = 1", connection=connection, cache_ttl=60)
     secret = api.key([query], [connection])
-    states = [cold_call(master.base, f"/q/{query}", secret).headers["X-Cache"] for _ in range(60)]
+    # Which worker takes a new connection is the kernel's and the balancer's choice: call until a
+    # worker other than the first has answered (its fill shows in the metrics), at most 600 calls.
+    states, fills, metrics = [], 0.0, ""
+    while fills < 1 and len(states) < 600:
+        states += [cold_call(master.base, f"/q/{query}", secret).headers["X-Cache"] for _ in range(30)]
+        metrics = requests.get(master.base + "/metrics", timeout=10).text
+        fills = sum(float(v) for v in re.findall(r"^gateway_cache_shared_fills_total (\S+)$", metrics, re.M))
     # One database call for the whole master: every other worker filled from Redis, then from memory.
-    assert states.count("miss") == 1 and states.count("hit") == 59, states
-    metrics = requests.get(master.base + "/metrics", timeout=10).text
-    fills = sum(float(v) for v in re.findall(r"^gateway_cache_shared_fills_total (\S+)$", metrics, re.M))
+    assert states.count("miss") == 1 and states.count("hit") == len(states) - 1, states
     assert fills >= 1, metrics[:2000]
 
 
