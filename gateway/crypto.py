@@ -14,7 +14,10 @@ import os
 import re
 import secrets
 
+from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+
+from .errors import conflict
 
 _SEALED_PREFIX = "v1:"
 _ENV_REF = re.compile(r"^\$\{([A-Za-z_][A-Za-z0-9_]*)\}$")
@@ -69,5 +72,9 @@ class PasswordBox:
             return os.environ.get(ref.group(1), "")
         if not stored.startswith(_SEALED_PREFIX):
             return stored
-        raw = base64.b64decode(stored[len(_SEALED_PREFIX):])
-        return self._aead.decrypt(raw[:12], raw[12:], b"connection-password").decode()
+        try:
+            raw = base64.b64decode(stored[len(_SEALED_PREFIX):], validate=True)
+            return self._aead.decrypt(raw[:12], raw[12:], b"connection-password").decode()
+        except (InvalidTag, ValueError):   # sealed under another GATEWAY_SECRET_KEY, or damaged
+            raise conflict("connection_password_unreadable", "the connection's stored password cannot be opened "
+                           "with this server's GATEWAY_SECRET_KEY; set it again") from None

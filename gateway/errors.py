@@ -110,6 +110,9 @@ CODES: dict[str, tuple[int, str]] = {
     "key_exists": (409, "An API key by that name already exists."),
     "concurrent_change": (409, "The query's connection changed three times while the query was being analysed; retry."),
     "connection_in_use": (409, "Saved queries use the connection; delete them or move them first."),
+    "connection_password_unreadable": (409, "The connection's stored password was sealed under another "
+                                            "`GATEWAY_SECRET_KEY` (or is damaged): set it again with "
+                                            "`PATCH /api/v1/connections/<name>`."),
     "payload_too_large": (413, "The body is larger than `GATEWAY_MAX_BODY_BYTES`."),
     "unsupported_media_type": (415, "The body must be `application/json`."),
     "rate_limited": (429, "The client IP's or the key's rate limit is spent; `Retry-After` says when to retry."),

@@ -70,6 +70,25 @@ def test_literal_password_and_patch(api, services):
         "connection_not_found"
 
 
+def test_a_password_sealed_under_another_secret_key_is_a_typed_conflict(api, services, superuser):
+    """A store moved between servers whose GATEWAY_SECRET_KEY differ: the password cannot be
+    opened. Saving a query on the connection and calling one answer 409, never 500."""
+    from gateway.crypto import PasswordBox
+    name = api.connection(password=services.pg.password())
+    query = api.query("SELECT 1 AS one", connection=name)
+    secret = api.key([query], [name])
+    assert api.call(query, secret).status == 200
+    foreign = PasswordBox("another server's secret key").seal(services.pg.password())
+    superuser("UPDATE gw_connections SET password = %s WHERE name = %s", (foreign, name))
+    assert api.manage("PATCH", f"/connections/{name}", {"port": PG_PORT}).status == 200   # the fleet reloads it
+    saved = api.manage("POST", "/queries", {"name": unique("q"), "sql": "SELECT 2 AS two", "connection_name": name})
+    assert (saved.status, saved.json["code"]) == (409, "connection_password_unreadable"), saved
+    called = api.call(query, secret)
+    assert (called.status, called.json["code"]) == (409, "connection_password_unreadable"), called
+    assert api.manage("PATCH", f"/connections/{name}", {"password": services.pg.password()}).status == 200
+    assert api.call(query, secret).status == 200
+
+
 @pytest.mark.parametrize("doc, field", [
     ({"db": "mysql"}, "db"), ({"port": "x"}, "port"), ({"port": 70000}, "port"), ({"port": True}, "port"),
     ({"host": ""}, "host"), ({"password": 5}, "password"), ({"active": "yes"}, "active"),

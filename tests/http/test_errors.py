@@ -125,6 +125,15 @@ def _connection_in_use(ctx):
     return ctx.api.manage("DELETE", f"/connections/{name}")
 
 
+def _password_sealed_elsewhere(ctx):
+    from gateway.crypto import PasswordBox
+    name = ctx.api.connection(password=ctx.services.pg.password())
+    foreign = PasswordBox("another server's secret key").seal(ctx.services.pg.password())
+    ctx.superuser("UPDATE gw_connections SET password = %s WHERE name = %s", (foreign, name))
+    ctx.api.ok("PATCH", f"/connections/{name}", {"active": True})      # the fleet reloads it
+    return ctx.api.manage("POST", "/queries", {"name": unique("q"), "sql": "SELECT 1", "connection_name": name})
+
+
 def _rotate_twice(ctx):
     name = ctx.api.named_key()[0]
     ctx.api.ok("POST", f"/api-keys/{name}/rotate", {})
@@ -309,6 +318,7 @@ PRODUCERS = {
     "query_exists": _dup_query,
     "key_exists": _dup_key,
     "connection_in_use": _connection_in_use,
+    "connection_password_unreadable": _password_sealed_elsewhere,
     "payload_too_large": lambda ctx: ctx.api.request("POST", f"/q/{unique('q')}", body=b"{" + b" " * 1_048_576 + b"}",
                                                      headers={"Content-Type": "application/json"}),
     "unsupported_media_type": lambda ctx: ctx.api.manage("POST", "/connections", body=b"name=x",
