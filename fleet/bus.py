@@ -50,7 +50,7 @@ from typing import TYPE_CHECKING
 import redis
 import redis.client
 
-from .redis_client import RedisLink
+from .redis_client import RedisLink, listen
 
 if TYPE_CHECKING:
     from gateway.model.state import CatalogHolder
@@ -145,7 +145,6 @@ class RedisBus:
         pubsub = self._link.subscriber(CHANNEL, max(self._ping_s * 2, 0.5)).pubsub()
         try:
             self._link.subscribe(pubsub, CHANNEL)
-            subscribed = False
             switches = self._link.switches()
             # A refresh on every (re)connect: anything published while away is covered (the
             # store's change log, or a full load when the log does not reach back that far).
@@ -153,30 +152,9 @@ class RedisBus:
             if not self.connected:
                 log.info("bus: connected, catalog at generation %d", holder.catalog.generation)
             self.connected = True
-            ping_sent: float | None
-            ping_sent = last_ping = self._ping(pubsub)
-            while not self._stop.is_set():
-                message = pubsub.get_message(timeout=self._ping_s)
-                if message is not None:
-                    kind = message["type"]
-                    if kind in ("message", "smessage"):
-                        self._acknowledge(holder.reload(at_least=int(message["data"])))
-                    elif kind == "pong" and ping_sent is not None:
-                        holder.renew(ping_sent + self._lease_s)
-                        ping_sent = None
-                    elif kind in ("subscribe", "ssubscribe"):
-                        if subscribed:   # re-established under us: messages may have been missed
-                            raise redis.ConnectionError("the subscription was re-established")
-                        subscribed = True
-                    elif kind in ("unsubscribe", "sunsubscribe"):
-                        raise redis.ConnectionError("the server ended the subscription (the slot moved)")
-                if self._link.switches() != switches:   # Sentinel moved the master
-                    raise redis.ConnectionError("the master moved")
-                now = time.monotonic()
-                if ping_sent is not None and now - ping_sent > self._lease_s:
-                    raise redis.ConnectionError("no pong within the lease")
-                if ping_sent is None and now - last_ping >= self._ping_s:
-                    ping_sent = last_ping = self._ping(pubsub)
+            listen(self._link, pubsub, switches, self._stop, self._ping_s, self._lease_s, self._ping,
+                   on_message=lambda message: self._acknowledge(holder.reload(at_least=int(message["data"]))),
+                   on_pong=lambda sent: holder.renew(sent + self._lease_s))
         finally:
             if not self._stop.is_set():
                 holder.distrust()

@@ -36,7 +36,7 @@ import redis.client
 from gateway.cache.entry import seal, unseal
 
 from .bus import _HEARTBEAT, _PENDING, worker_id
-from .redis_client import RedisLink
+from .redis_client import RedisLink, listen
 
 if TYPE_CHECKING:
     from gateway.cache.entry import Entry
@@ -225,7 +225,6 @@ class RedisCacheSync:
         pubsub = self._link.subscriber(CHANNEL, max(self._ping_s * 2, 0.5)).pubsub()
         try:
             self._link.subscribe(pubsub, CHANNEL)
-            subscribed = False
             switches = self._link.switches()
             # Subscribed: whatever is published from now on arrives. Anything before may have
             # been missed while away, so memory starts empty, and everything up to now is acknowledged.
@@ -236,36 +235,20 @@ class RedisCacheSync:
             self._served = True
             self._acknowledge(int(self._redis.get(SEQ) or 0))
             self.connected = True
-            ping_sent: float | None
-            ping_sent = last_ping = self._ping(pubsub)
-            while not self._stop.is_set():
-                message = pubsub.get_message(timeout=self._ping_s)
-                if message is not None:
-                    kind = message["type"]
-                    if kind in ("message", "smessage"):
-                        doc = orjson.loads(message["data"])
-                        memory.apply(doc["purge"])
-                        self.applied += 1
-                        self._acknowledge(int(doc["seq"]))
-                    elif kind == "pong" and ping_sent is not None:
-                        self._fresh_until = ping_sent + self._lease_s
-                        ping_sent = None
-                    elif kind in ("subscribe", "ssubscribe"):
-                        if subscribed:   # re-established under us: purges may have been missed
-                            raise redis.ConnectionError("the subscription was re-established")
-                        subscribed = True
-                    elif kind in ("unsubscribe", "sunsubscribe"):
-                        raise redis.ConnectionError("the server ended the subscription (the slot moved)")
-                if self._link.switches() != switches:   # Sentinel moved the master
-                    raise redis.ConnectionError("the master moved")
-                now = time.monotonic()
-                if ping_sent is not None and now - ping_sent > self._lease_s:
-                    raise redis.ConnectionError("no pong within the lease")
-                if ping_sent is None and now - last_ping >= self._ping_s:
-                    ping_sent = last_ping = self._ping(pubsub)
+            listen(self._link, pubsub, switches, self._stop, self._ping_s, self._lease_s, self._ping,
+                   on_message=lambda message: self._apply(memory, orjson.loads(message["data"])),
+                   on_pong=self._renew)
         finally:
             self._fresh_until = 0.0
             pubsub.close()
+
+    def _apply(self, memory: MemoryCache, doc: dict) -> None:
+        memory.apply(doc["purge"])
+        self.applied += 1
+        self._acknowledge(int(doc["seq"]))
+
+    def _renew(self, ping_sent: float) -> None:
+        self._fresh_until = ping_sent + self._lease_s
 
     def _ping(self, pubsub: redis.client.PubSub) -> float:
         sent = time.monotonic()

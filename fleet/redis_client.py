@@ -30,6 +30,8 @@ callers stay one code path:
 """
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
@@ -193,3 +195,42 @@ def drop_idle(client: Any) -> None:
                 node.redis_connection.connection_pool.disconnect(inuse_connections=False)
     else:
         client.connection_pool.disconnect(inuse_connections=False)
+
+
+def listen(link: RedisLink, pubsub: Any, switches: int, stop: Any, ping_s: float, lease_s: float,
+           ping: Callable[[Any], float], on_message: Callable[[dict], None],
+           on_pong: Callable[[float], None]) -> None:
+    """The loop of a bus that must know it heard everything (the catalog's, the cache's).
+
+    Pings every ``ping_s`` (``ping`` writes the heartbeat and pings the subscription, and
+    returns when it was sent); a pong hands that time to ``on_pong`` (pub/sub delivers in
+    order, so everything published before the ping was handed to ``on_message`` first).
+    Raises ``redis.ConnectionError`` whenever a message may have been missed: no pong within
+    ``lease_s``, a subscription re-established under us, ended by the server (the slot
+    moved), or a Sentinel switch since ``switches`` (read by the caller before it caught up).
+    Returns when ``stop`` is set."""
+    subscribed = False
+    ping_sent: float | None
+    ping_sent = last_ping = ping(pubsub)
+    while not stop.is_set():
+        message = pubsub.get_message(timeout=ping_s)
+        if message is not None:
+            kind = message["type"]
+            if kind in ("message", "smessage"):
+                on_message(message)
+            elif kind == "pong" and ping_sent is not None:
+                on_pong(ping_sent)
+                ping_sent = None
+            elif kind in ("subscribe", "ssubscribe"):
+                if subscribed:   # re-established under us: messages may have been missed
+                    raise redis.ConnectionError("the subscription was re-established")
+                subscribed = True
+            elif kind in ("unsubscribe", "sunsubscribe"):
+                raise redis.ConnectionError("the server ended the subscription (the slot moved)")
+        if link.switches() != switches:   # Sentinel moved the master
+            raise redis.ConnectionError("the master moved")
+        now = time.monotonic()
+        if ping_sent is not None and now - ping_sent > lease_s:
+            raise redis.ConnectionError("no pong within the lease")
+        if ping_sent is None and now - last_ping >= ping_s:
+            ping_sent = last_ping = ping(pubsub)
