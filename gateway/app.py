@@ -30,6 +30,7 @@ from .http import management
 from .http.adhoc import AdHoc
 from .http.cache import CacheEntriesResource, CacheEntryResource
 from .http.common import AdminCheck
+from .http.docs import DocsAsset, DocsPage
 from .http.events import Events as EventsResource
 from .http.health import Health, Ready
 from .http.metrics import MetricsResource
@@ -186,6 +187,8 @@ def build_app(settings: Settings, ports: Ports | None = None) -> GatewayApp:
                           if settings.admin_key else None)
     app.add_route("/openapi.json", OpenApiResource(describer))
     app.add_route("/catalog", CatalogResource(describer))
+    app.add_route("/docs", DocsPage())                     # renders /openapi.json (Swagger UI, served here)
+    app.add_route("/docs/assets/{name}", DocsAsset())
     app.add_route("/metrics", MetricsResource(metrics, settings.metrics_token))
     app.add_route("/events", EventsResource(events, admin))
     ready = Ready(lambda: _store_reachable(store_pool), sync)
