@@ -30,6 +30,7 @@ if TYPE_CHECKING:
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from fleet.boot import lower_priority, preload_libraries, restore_priority  # noqa: E402
 from fleet.listen import make_unlistened, start_listening  # noqa: E402
 from fleet.slots import Slots  # noqa: E402
 from gateway.settings import Settings  # noqa: E402
@@ -74,6 +75,9 @@ proc_name = f"gateway-fleet{'-' + _settings.instance if _settings.instance else 
 
 _CPUS = _settings.usable_cpus()
 
+# Every worker forks with the third-party libraries imported (fleet/boot.py says why).
+preload_libraries()
+
 
 def _slots(server: Arbiter) -> Slots:
     """The master's table of its workers (fleet/slots.py), kept on the arbiter: a reload
@@ -117,6 +121,8 @@ def _stop_with_the_master(master_pid: int) -> None:
 def post_fork(server: Arbiter, worker: Worker) -> None:
     if sys.platform.startswith("linux"):
         _stop_with_the_master(server.pid)
+        # Boot on idle CPU first, not on the serving sibling's (fleet/boot.py); restored in post_worker_init.
+        worker.gw_boot_nice = lower_priority(_settings.boot_nice)
     cpu = getattr(worker, "gw_cpu", None)
     if cpu is not None:
         os.sched_setaffinity(0, {cpu})
@@ -132,7 +138,9 @@ def on_starting(server: Arbiter) -> None:
 def post_worker_init(worker: Worker) -> None:
     """/ready answers 503 from the moment this worker starts draining (SIGTERM, reload), and
     its /events streams end (else each would hold the worker until the graceful timeout).
-    The application is loaded: the port may take connections (fleet/listen.py)."""
+    The application is loaded: the worker serves at its full priority again, and the port may
+    take connections (fleet/listen.py)."""
+    restore_priority(getattr(worker, "gw_boot_nice", None))
     parts = getattr(worker.wsgi, "parts", None)
     if parts is not None:
         parts.ready.draining = lambda: not worker.alive

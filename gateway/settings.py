@@ -76,6 +76,11 @@ class Settings:
                              "a jitter of a tenth); 0: never. A recycled worker finishes what it holds; "
                              "with the `gthread` class workers recycle one at a time, each while a sibling "
                              "serves (with a single worker, calls wait while its replacement boots).")
+    boot_nice: int = _doc(10, "How much lower a booting worker's CPU priority is (its nice value raised "
+                          "by this while it loads the application, restored once it serves), so that a "
+                          "reload's or a recycle's new worker takes idle CPU rather than CPU from the "
+                          "sibling serving on its core; applied only where the worker may restore it "
+                          "(CAP_SYS_NICE or `RLIMIT_NICE`). 0: boot at the same priority.")
     max_body_bytes: int = _doc(1_048_576, "Largest request body accepted; larger answers 413.")
     instance: str = _doc("", "Name of this gunicorn master inside the fleet (used for its "
                          "control socket and heartbeat files). Empty: derived from the bind port.")

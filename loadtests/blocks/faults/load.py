@@ -1,7 +1,7 @@
 """The faults block's load: a closed loop of keep-alive HTTP/1.1 clients that checks every body.
 
     python -m loadtests.blocks.faults.load --url http://127.0.0.1:55110 --key KEY --expected rows.json \\
-        --out calls.txt [--clients 16] [--path /q/account] [--url ANOTHER ...]
+        --out calls.txt [--clients 16] [--rate 0] [--path /q/account] [--url ANOTHER ...]
 
 Each client sends GET <path>?aid=<random aid of the expected rows> with X-API-Key, reads the whole answer and sends
 the next at once (no pause), on one keep-alive connection; it runs until SIGTERM or SIGINT. A 200 is checked against
@@ -9,6 +9,12 @@ the row PostgreSQL holds for that aid (read by the block before the load, `--exp
 body. A connection error (refused, reset, timed out after `--timeout` s, a malformed answer) closes the connection;
 the client waits 10 ms and opens a new one, so a refused port is counted about a hundred times a second a client
 rather than as fast as the loop could spin.
+
+`--rate R` (calls a second, all clients together) paces the load instead: each client sends on a fixed schedule,
+one call every clients/R seconds, and a call's `sent` is the time it was due, not the time it went out. A stall then
+shows in the latency of every call that was due during it (no coordinated omission), and the latency of a load
+below the fleet's capacity is the fleet's own, not the queue a saturating closed loop builds (the closed loop's
+max latency on a small machine is mostly that queue).
 
 One line a call, in `--out` (flushed every 0.2 s, read by the block as it runs):
 
@@ -93,15 +99,38 @@ async def _read_answer(reader: asyncio.StreamReader, timeout_s: float) -> tuple[
     return int(parts[1]), headers, body
 
 
+class Pace:
+    """When a paced client's next call is due: every `interval` seconds from a random start within the first
+    interval (so that clients do not send in step); a closed loop (interval 0) is always due now."""
+
+    __slots__ = ('interval', 'due')
+
+    def __init__(self, interval: float):
+        self.interval = interval
+        self.due = time.monotonic() + random.random() * interval
+
+    async def next(self) -> float:
+        if not self.interval:
+            return time.monotonic()
+        due, self.due = self.due, self.due + self.interval
+        wait = due - time.monotonic()
+        if wait > 0:
+            await asyncio.sleep(wait)
+        return due
+
+
 async def client(host: str, port: int, path: str, key: str, aids: list[int], expected: dict, out: list,
-                 stop: asyncio.Event, timeout_s: float):
+                 stop: asyncio.Event, timeout_s: float, interval: float = 0.0):
     reader = writer = None
     prefix = f'GET {path}?aid='.encode()
     suffix = f' HTTP/1.1\r\nHost: {host}:{port}\r\nX-API-Key: {key}\r\n\r\n'.encode()
     clock = time.monotonic
+    pace = Pace(interval)
     while not stop.is_set():
         aid = random.choice(aids)
-        sent = clock()
+        sent = await pace.next()
+        if stop.is_set():
+            break
         try:
             if writer is None:
                 # the connect is part of the call's time: a port nobody accepts on shows as latency
@@ -114,7 +143,8 @@ async def client(host: str, port: int, path: str, key: str, aids: list[int], exp
             if writer is not None:
                 writer.close()
             reader = writer = None
-            await asyncio.sleep(ERROR_PAUSE_S)
+            if not interval:
+                await asyncio.sleep(ERROR_PAUSE_S)
             continue
         ended = clock()
         if 200 <= status < 300:
@@ -144,8 +174,9 @@ async def run(args) -> None:
     out: list[str] = []
     with open(args.out, 'a') as sink:
         # client i calls target i mod n: with --url given once per master, each master gets its share of clients
+        interval = args.clients / args.rate if args.rate > 0 else 0.0
         tasks = [asyncio.create_task(client(*targets[i % len(targets)], args.path, args.key, aids, expected, out,
-                                            stop, args.timeout)) for i in range(args.clients)]
+                                            stop, args.timeout, interval)) for i in range(args.clients)]
         while not stop.is_set():
             try:
                 await asyncio.wait_for(stop.wait(), 0.2)
@@ -169,6 +200,8 @@ def main(argv=None) -> None:
     parser.add_argument('--out', required=True)
     parser.add_argument('--path', default='/q/account')
     parser.add_argument('--clients', type=int, default=16)
+    parser.add_argument('--rate', type=float, default=0.0,
+                        help='calls a second, all clients together, on a fixed schedule (default 0: a closed loop)')
     parser.add_argument('--timeout', type=float, default=10.0)
     asyncio.run(run(parser.parse_args(argv)))
 

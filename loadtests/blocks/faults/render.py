@@ -18,17 +18,28 @@ def write(run_dir: Path) -> Path:
 
 def publish(run_dir: Path, docs: Path = DOCS) -> Path:
     """Keep the run beside the reports (docs/bench/raw/<folder>/) and write docs/bench/<date>-faults.md
-    (<date>-faults-direct.md for a run with the clients straight to the masters)."""
+    (<date>-faults-direct.md for a run with the clients straight to the masters, -paced for a paced load)."""
     run_dir = Path(run_dir)
     raw = docs / 'raw' / run_dir.name
     raw.mkdir(parents=True, exist_ok=True)
     for name in ('meta.json', 'results.jsonl', 'results.md'):
         shutil.copy(run_dir / name, raw / name)
     meta, runs = rundir.load(run_dir)
-    direct = '-direct' if meta.get('settings', {}).get('via') == 'direct' else ''
-    page = docs / f'{(meta.get("started_at") or "undated")[:10]}-faults{direct}.md'
+    settings = meta.get('settings', {})
+    direct = '-direct' if settings.get('via') == 'direct' else ''
+    paced = '-paced' if settings.get('rate') else ''
+    page = docs / f'{(meta.get("started_at") or "undated")[:10]}-faults{direct}{paced}.md'
     page.write_text(render(meta, runs, raw=f'raw/{run_dir.name}/'))
     return page
+
+
+def _pace(settings: dict) -> str:
+    rate = settings.get('rate')
+    if not rate:
+        return 'as soon as the last answer was read (a closed loop: its latency includes the queue it builds)'
+    return (f'on a fixed schedule, {rate:,.0f} calls/s in all (one every {settings.get("clients", 1) / rate * 1000:.1f} '
+            'ms a client), each call timed from when it was due, so a stall shows in every call due during it '
+            '(no coordinated omission)')
 
 
 def failed(runs: list[dict]) -> list[str]:
@@ -48,6 +59,8 @@ def render(meta: dict, runs: list[dict], raw: str | None = None) -> str:
     commit = git.get('commit') or '?'
     date = (meta.get('started_at') or '?')[:10]
     via = ', clients straight to the masters' if settings.get('via') == 'direct' else ''
+    if settings.get('rate'):
+        via += f', a paced load of {settings["rate"]:,.0f} calls/s'
     out = [f'# Faults under load: what clients see ({date}, commit {commit}{" (dirty)" if git.get("dirty") else ""}'
            f'{via})', '']
     if raw:
@@ -173,7 +186,7 @@ def render(meta: dict, runs: list[dict], raw: str | None = None) -> str:
             'loadtests/blocks/faults/load.py) '
             + ('straight to the masters, half to each (--via direct: no nginx in the way)'
                if settings.get('via') == 'direct' else 'through nginx') + ', each sending `GET /q/account?aid=<random 1..'
-            f'{settings.get("max_id", "?")}>` as soon as the last answer was read; every 200 is compared with the row '
+            f'{settings.get("max_id", "?")}>` ' + _pace(settings) + '; every 200 is compared with the row '
             'PostgreSQL holds for that aid (read before the block). A connection error closes the connection and the '
             'client opens a new one 10 ms later.',
             f'- One fault at a time, each on a fleet made whole first, with its own API key: '

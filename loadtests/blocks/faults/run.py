@@ -58,6 +58,9 @@ def parse_args(argv=None):
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument('--faults', default=','.join(FAULTS), help=f'comma list of {", ".join(FAULTS)} (default all)')
     parser.add_argument('--clients', type=int, default=16, help='keep-alive clients of the load (default 16)')
+    parser.add_argument('--rate', type=float, default=0.0,
+                        help='pace the load at this many calls a second, all clients together, each call timed from '
+                             'when it was due (default 0: a closed loop, each client sending as soon as it can)')
     parser.add_argument('--workers', type=int, default=2, help='workers per master (default 2)')
     parser.add_argument('--via', choices=('nginx', 'direct'), default='nginx',
                         help='the load through nginx (default), or half the clients straight to each master')
@@ -111,7 +114,8 @@ def main(argv=None) -> int:
     meta = {
         'block': BLOCK, 'started_at': now_iso(), 'finished_at': None,
         'command': ' '.join(shlex.quote(a) for a in [sys.executable, '-m', 'loadtests.bench', BLOCK, *argv]),
-        'settings': {'faults': args.faults, 'clients': args.clients, 'via': args.via, 'workers': args.workers,
+        'settings': {'faults': args.faults, 'clients': args.clients, 'rate': args.rate, 'via': args.via,
+                     'workers': args.workers,
                      'instances': 2,
                      'quiet_s': args.quiet, 'after_s': args.after, 'max_observe_s': args.max_observe,
                      'settle_s': args.settle, 'max_requests': args.max_requests,
@@ -205,11 +209,13 @@ def run_block(rig: Rig, args, meta: dict, results, work_dir: Path, save_meta) ->
 class Load:
     """load.py in a process of its own, writing its calls to `path`."""
 
-    def __init__(self, rig: Rig, secret: str, expected: Path, path: Path, clients: int, via: str = 'nginx'):
+    def __init__(self, rig: Rig, secret: str, expected: Path, path: Path, clients: int, via: str = 'nginx',
+                 rate: float = 0.0):
         self.path = path
         urls = [rig.url] if via == 'nginx' else rig.instance_urls
         cmd = [sys.executable, '-m', 'loadtests.blocks.faults.load', *[a for u in urls for a in ('--url', u)],
-               '--key', secret, '--expected', str(expected), '--out', str(path), '--clients', str(clients)]
+               '--key', secret, '--expected', str(expected), '--out', str(path), '--clients', str(clients),
+               '--rate', str(rate)]
         self.proc = subprocess.Popen(cmd, cwd=REPO, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                      stderr=open(path.with_suffix('.err'), 'w'))
         self.reader = Reader(path)
@@ -347,7 +353,7 @@ def run_fault(rig: Rig, fault: Fault, secret: str, args, expected: Path, work_di
               quota_secret: str | None) -> dict:
     restored_before = make_whole(rig)
     logs = Logs(rig)
-    load = Load(rig, secret, expected, work_dir / f'calls-{fault.name}.txt', args.clients, args.via)
+    load = Load(rig, secret, expected, work_dir / f'calls-{fault.name}.txt', args.clients, args.via, args.rate)
     quota = None
     contention = Contention(rig, load.proc.pid)
     try:
@@ -490,7 +496,7 @@ def run_recycling(rig: Rig, fault: Fault, secret: str, args, expected: Path, wor
     rig.extra_env = {'GATEWAY_MAX_REQUESTS': str(args.max_requests)}
     rig.up()
     logs = Logs(rig)
-    load = Load(rig, secret, expected, work_dir / f'calls-{fault.name}.txt', args.clients, args.via)
+    load = Load(rig, secret, expected, work_dir / f'calls-{fault.name}.txt', args.clients, args.via, args.rate)
     contention = Contention(rig, load.proc.pid)
     try:
         started = load.wait_started()
