@@ -57,17 +57,23 @@ def make_unlistened(server: Arbiter) -> None:
     listeners = []
     for address in addresses:
         kind = TCP6Socket if util.is_ipv6(address[0]) else TCPSocket
-        deadline = time.monotonic() + BIND_WAIT_S
+        began = time.monotonic()
+        deadline = began + BIND_WAIT_S
+        tries = 0
         while True:
             try:
                 listeners.append(kind(address, cfg, server.log))
+                if tries:   # a killed master's workers held it (tests/fleet/test_orphaned_workers.py)
+                    server.log.warning("bound %s:%s after waiting %.2fs for the port", *address[:2],
+                                    time.monotonic() - began)
                 break
             except OSError as error:
                 if error.errno != errno.EADDRINUSE or time.monotonic() > deadline:
                     for made in listeners:
                         made.close()
                     return           # gunicorn makes them as usual (and reports the error)
-                time.sleep(0.2)
+                tries += 1
+                time.sleep(0.05)
     server.LISTENERS = listeners
 
 

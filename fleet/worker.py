@@ -32,6 +32,11 @@ Restarts:
   that accepts what is queued, then shuts the socket down, so later clients are refused (they
   sent nothing) instead of being queued and reset when the last copy closes. (A USR2 binary
   upgrade would share the socket with a new master: the fleet does not use it.)
+- The master killed (SIGKILL, a crash): PR_SET_PDEATHSIG sends each worker SIGTERM
+  (fleet/gunicorn_conf.py). An orphan hands over to nobody, shuts the socket down as above,
+  closes its idle kept-alive connections at once (not after gunicorn's 2 s stop linger: nginx
+  retries a GET that meets a closed upstream keep-alive connection on another server), finishes
+  the calls it holds (answered with ``Connection: close``) and exits.
 - Closing a connection never blocks the loop (``_close_gently``).
 
 With ``reuse_port`` (a socket per worker) the kernel spreads connections: no balancing, and a
@@ -185,6 +190,10 @@ class BalancedThreadWorker(ThreadWorker):
         if not self.alive:
             if not self._left:
                 self._leave()
+            if self._orphaned():
+                self._close_idle()
+                if self.nr_conns == 0:
+                    return 0.0      # nothing left to finish: out of the loop at once
             return timeout
         if self._one_socket_each:
             return timeout
@@ -254,10 +263,36 @@ class BalancedThreadWorker(ThreadWorker):
     def _accept_one(self, listener: socket.socket) -> None:
         ThreadWorker.accept(self, listener)
 
+    # --- the master gone ------------------------------------------------------------------------
+    def _orphaned(self) -> bool:
+        """The master is gone (SIGKILL, a crash): this worker was re-parented, and its SIGTERM
+        came from PR_SET_PDEATHSIG (fleet/gunicorn_conf.py)."""
+        return os.getppid() != self.ppid
+
+    def _close_idle(self) -> None:
+        """An orphan closes its idle kept-alive (and not yet used) connections at once instead
+        of gunicorn's stop linger (2 s): nobody restarts it, the supervisor's new master needs the
+        port, and a balancer retries an idempotent request that meets a closed upstream
+        keep-alive connection (nginx: ``proxy_next_upstream error``). A live master's workers keep
+        the linger, which answers a request already on its way with ``Connection: close``."""
+        self.murder_keepalived(force=True)
+        while self.pending_conns:
+            conn = self.pending_conns.popleft()
+            try:
+                self.poller.unregister(conn.sock)
+            except (OSError, KeyError, ValueError):
+                pass
+            self.nr_conns -= 1
+            conn.close()
+
     # --- signals -------------------------------------------------------------------------------
     def handle_exit(self, sig: int, frame: Any) -> None:
         """SIGTERM: during a reload (a younger sibling still booting) keep serving until it
-        serves, instead of leaving the socket to nobody while the application loads."""
+        serves, instead of leaving the socket to nobody while the application loads. An orphan
+        (the master gone) hands over to nobody: its siblings are orphans too."""
+        if self._orphaned():
+            super().handle_exit(sig, frame)
+            return
         if (self.alive and not self._handover_until and self.gw_slots is not None
                 and self.gw_slot is not None and self._younger_booting()):
             self._handover_until = time.monotonic() + HANDOVER_MAX_S
