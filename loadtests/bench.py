@@ -3,10 +3,10 @@
     .venv/bin/python -m loadtests.bench --database-url postgresql://postgres@127.0.0.1:54500/demo \\
         --targets peer,gateway --rounds 5 --duration 10
     .venv/bin/python -m loadtests.bench --block admission --local-pg /tmp/bench-pg
-    .venv/bin/python -m loadtests.bench scaleout|openloop|oha ...     # blocks with arguments of their own (--help)
+    .venv/bin/python -m loadtests.bench scaleout|openloop|oha|faults|controlplane|cache ...   # blocks with their own --help
 
 Blocks (loadtests/blocks/<name>/: run.py, render.py): `oltp` (the default), `admission`, `sync` and `logging` run
-here with the arguments below; `scaleout`, `openloop` and `oha` take their own. Block `oltp`: the saved query
+here with the arguments below; `scaleout`, `openloop`, `oha`, `faults`, `controlplane` and `cache` take their own. Block `oltp`: the saved query
 `account` (SELECT aid, bid, abalance FROM pgbench_accounts WHERE aid = :aid) called as GET
 /q/account?aid=<random 1..1,000,000> with an X-API-Key, at 32 connections and at 1.
 

@@ -1,6 +1,6 @@
 """The peer, QueryAPIGate 0.43.0, in its own virtual environment, started the way its Docker image runs it.
 
-    python -m loadtests.peer setup                 # .bench/qag-venv with queryapigate[postgres,flow,server]==0.43.0
+    python -m loadtests.peer setup                 # .bench/qag-venv with queryapigate[postgres,flow,server,redis]==0.43.0
     python -m loadtests.peer version               # what is installed there
     python -m loadtests.peer start --store-url postgresql://postgres@127.0.0.1:54500/qagstore --port 18001 --cpu 1
 
@@ -25,7 +25,7 @@ from .system import REPO
 from .targets import Target, start_process, stop_process, wait_healthy
 
 VERSION = '0.43.0'
-REQUIREMENT = f'queryapigate[postgres,flow,server]=={VERSION}'
+REQUIREMENT = f'queryapigate[postgres,flow,server,redis]=={VERSION}'   # redis: its Redis response cache (block cache)
 VENV = REPO / '.bench' / 'qag-venv'
 PYTHON = VENV / 'bin' / 'python'
 GUNICORN = VENV / 'bin' / 'gunicorn'

@@ -84,6 +84,51 @@ def test_harness_smoke_block(settings, services, tmp_path):
     assert (block / "results.md").exists()
 
 
+def test_cache_block_smoke(settings, services, tmp_path):
+    """`python -m loadtests.bench cache` end to end, short: every cell ran once with every body right, the
+    purges and writes on the 4-worker server were timed and checked, the balances written were put back, and the
+    report judges issue 14's goals. With the peer when it is installed with its Redis package."""
+    peer = ROOT / ".bench/qag-venv/bin/python"
+    with_peer = peer.exists() and subprocess.run([str(peer), "-c", "import redis"], capture_output=True).returncode == 0
+    out = tmp_path / "results"
+    base = free_port()
+    while any(not _port_free(base + n) for n in (0, 1, 2, 10, 11, 12)):
+        base = free_port()
+    balance = "SELECT sum(abalance) FROM pgbench_accounts WHERE aid <= 1000"
+    before = services.sql(balance, db="demo")[0][0]
+    run = subprocess.run([sys.executable, "-m", "loadtests.bench", "cache", "--allow-dirty",
+                          "--database-url", services.pg.url("demo"), "--rounds", "1", "--duration", "2",
+                          "--warmup", "1", "--floor-duration", "1", "--purges", "10", "--writes", "10",
+                          "--base-port", str(base), "--pg-cpu", "off", "--out", str(out),
+                          *([] if with_peer else ["--no-peer"])],
+                         cwd=ROOT, capture_output=True, text=True, timeout=400)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    (block,) = list(out.iterdir())
+    records = [json.loads(line) for line in (block / "results.jsonl").read_text().splitlines()]
+    cells = {(r["target"], r["connections"]) for r in records if r["kind"] == "run" and r["ok"]}
+    expected = {(t, c) for t in ("uncached", "cached", *(("peer",) if with_peer else ())) for c in (32, 1)}
+    assert cells == expected, records
+    timings = {r["kind"]: r for r in records if r["kind"] in ("purges", "writes")}
+    assert set(timings) == {"purges", "writes"}
+    for record in timings.values():
+        assert len(record["samples_ms"]) == 10 and record["wrong"] == [] and record["live_workers"] == 4, record
+    assert services.sql(balance, db="demo")[0][0] == before
+    report = (block / "results.md").read_text()
+    assert "Throughput cached / uncached, 32 connections, paired per round: " in report
+    assert "A write's answer to no worker serving the older body, 10 writes pooled" in report
+    assert ("worst round" in report.split("QueryAPIGate")[1].splitlines()[0]) == with_peer
+
+
+def _port_free(port: int) -> bool:
+    import socket
+    with socket.socket() as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
 # --- wrk's body check: the attack on it -------------------------------------------------------
 
 class AccountServer:
