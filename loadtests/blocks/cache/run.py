@@ -180,7 +180,8 @@ def _main(args, argv: list[str], run_dir: Path, work_dir: Path) -> int:
         'machine': system.machine_info(), 'versions': collect_versions(data), 'data': data, 'targets': [],
         'work_dir': str(work_dir), 'load_average': {'start': [round(x, 2) for x in os.getloadavg()]},
         'notes': ['`uncached` and `cached` are one gateway process (one worker) called on two paths; while a cell '
-                  'runs, the other servers are stopped (SIGSTOP); they run (idle) during the purges and writes.',
+                  'runs, the other servers are stopped (SIGSTOP); they run (idle) during the purges and writes, and the '
+                  'invalidation server runs (idle) during the /health floors.',
                   'wrk is a closed loop: latency at a concurrency, not against an offered rate.'],
     }
     rundir.write_meta(run_dir, meta)
@@ -391,7 +392,7 @@ def run_block(block: Block, args, servers: dict, balances: dict) -> None:
                 result = invalidation.writes(caller, per_round[kind], args.hot, args.fill_calls, args.workers,
                                              balances, args.checks)
             record = {'block': BLOCK, 'kind': kind, 'round': r + 1, 'target': fleet.name, 'workers': args.workers,
-                      'started_at': now_iso(), 'ok': not result['wrong'], **result}
+                      'started_at': now_iso(), **result}    # no 'ok': the closed-loop report reads that of wrk runs
             block.write(record)
             if result['wrong']:
                 block.failures.append(f'{kind} of round {r + 1}: {len(result["wrong"])} wrong, first: '
