@@ -5,6 +5,13 @@ connection is out, which a management call would answer as 503 ``store_unavailab
 the store is fine: five concurrent calls on a worker of eight threads and four store
 connections were enough. Here a caller waits (up to ``wait_s``) for a connection another
 call gives back; the store is only "unavailable" when it does not answer.
+
+It also keeps every connection it opened. psycopg2's pool keeps only ``minconn`` idle ones
+and closes the rest as they come back, so whenever two management calls overlapped in a
+worker the second opened a new store connection and closed it after (a backend forked by
+the postmaster, one at a time, and authenticated): with 8 clients creating keys that was a
+fifth of a call's time (docs/bench/2026-11-30-controlplane.md). Connections are still
+opened only when needed, and at most ``maxconn``.
 """
 from __future__ import annotations
 
@@ -17,6 +24,9 @@ import psycopg2.pool
 class WaitingPool(psycopg2.pool.ThreadedConnectionPool):
     def __init__(self, minconn: int, maxconn: int, *args: Any, wait_s: float = 10.0, **kwargs: Any) -> None:
         super().__init__(minconn, maxconn, *args, **kwargs)
+        # Opened eagerly: minconn (above). Kept when given back: up to maxconn (psycopg2's
+        # putconn keeps a connection while fewer than ``minconn`` are idle).
+        self.minconn = maxconn
         self._free = threading.BoundedSemaphore(maxconn)
         self._wait_s = wait_s
 

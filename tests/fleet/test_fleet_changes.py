@@ -4,6 +4,7 @@ sees its change, on every worker, and no worker read the whole catalog to get th
 ``gateway_catalog_full_loads`` stays at the one load it made when it started)."""
 from __future__ import annotations
 
+import threading
 import time
 
 import pytest
@@ -92,3 +93,68 @@ def test_changes_under_load_are_exact_and_incremental(master, services, superuse
         assert counter(master.base, "gateway_catalog_full_loads_total") == WORKERS
     finally:
         admin.close()
+
+
+CLIENTS = 8
+KEYS_EACH = 6
+PROBES = 4   # calls on new connections after each change: the balancer spreads them over the workers
+
+
+def test_concurrent_changes_are_each_exact_when_they_return(master, services, superuser):
+    """``CLIENTS`` management clients at once, each creating keys and then switching them off.
+    Concurrent calls share announcements and acknowledgement rounds; each must still return
+    only once every worker serves its own change: the new key answers 200 with the right body
+    on every call started after its create returned (never 401 unknown), and 401 on every call
+    started after its deactivation returned."""
+    setup = Api.over_http(master.base, services)
+    try:
+        connection = setup.connection()
+        query = setup.query("SELECT 7 AS v", connection=connection)
+    finally:
+        setup.close()
+    wrong: list = []
+    made: list = []
+    failures: list = []
+    lock = threading.Lock()
+
+    def probe(secret: str) -> list:
+        out = []
+        for _ in range(PROBES):
+            reply = requests.get(f"{master.base}/q/{query}", headers={"X-API-Key": secret, "Connection": "close"},
+                                 timeout=10)
+            out.append((reply.status_code, reply.json()))
+        return out
+
+    def client() -> None:
+        api = Api.over_http(master.base, services)
+        try:
+            for _ in range(KEYS_EACH):
+                name, secret = api.named_key([query], [connection], name=unique("cc"))
+                seen = probe(secret)
+                bad = [s for s in seen if s != (200, [{"v": 7}])]
+                api.ok("PATCH", f"/api-keys/{name}", {"active": False})
+                off = probe(secret)
+                bad += [s for s in off if s[0] != 401 or s[1].get("code") != "unauthorized"]
+                with lock:
+                    made.append(name)
+                    wrong.extend(bad)
+        except BaseException as exc:   # noqa: BLE001 - reported by the main thread
+            with lock:
+                failures.append(repr(exc))
+        finally:
+            api.close()
+
+    threads = [threading.Thread(target=client) for _ in range(CLIENTS)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(120)
+    assert not failures, failures
+    assert len(made) == CLIENTS * KEYS_EACH, len(made)
+    assert not wrong, wrong[:5]
+    # The probes reached every worker: the check covered the whole fleet.
+    ids = [key_id(superuser, name) for name in made]
+    workers = wait_until(lambda: (lambda w: w if len(w) == WORKERS else None)(
+        {r[0] for r in superuser("SELECT DISTINCT worker FROM gw_run_history WHERE key_id = ANY(%s)", (ids,))}),
+        5, 0.1, "runs of every worker")
+    assert len(workers) == WORKERS, workers

@@ -143,14 +143,60 @@ def start(args, work_dir: Path, store_url: str, redis_url: str, workers: int):
                                    redis_url=redis_url, run_dir=work_dir / f'w{workers}', admin_key=args.admin_key,
                                    extra_env={'GATEWAY_WORKERS': str(workers), 'GATEWAY_THREADS': str(args.threads),
                                               'GATEWAY_LOG_LEVEL': 'warning'},
-                                   name=f'gateway-{workers}w')
+                                   name=f'gateway-{workers}w', root=args.gateway_root)
     target.description = f'gateway-fleet, {workers} workers, {args.threads} threads each'
     targets.wait_healthy(target, timeout_s=300)
     pids = wait_workers(redis_url, target.pids[0], workers, timeout_s=600)
     return target, pids
 
 
-def grow_keys(target, count: int, sequential: int, clients: int, write) -> None:
+class CallCosts:
+    """What a batch of management calls cost the shared parts, per call: the gateway's CPU (master and every
+    worker), the Redis commands by name (INFO commandstats: the announcement, the acknowledgement polls, the
+    workers' acks and heartbeats, events) and the store's transactions, the workers' reads included (pg_stat_database; its counters
+    trail by up to a second, so it is read after a pause). Heartbeats and pings are in it too (a few a second)."""
+
+    def __init__(self, master: int, redis_url: str, store_url: str):
+        import redis
+        self.redis = redis.Redis.from_url(redis_url)
+        self.store_url = store_url
+        self.redis_before = self._commands()
+        self.store_before = self._transactions()
+        self.cpu = system.CpuMeter(master)
+        self.cpu.start()
+
+    def _commands(self) -> dict:
+        return {name.split('_', 1)[1]: stats['calls'] for name, stats in self.redis.info('commandstats').items()}
+
+    def _transactions(self) -> int | None:
+        try:
+            conn = psycopg2.connect(self.store_url)
+            try:
+                with conn.cursor() as cur:
+                    # this connection's own transaction ends in a rollback at close: not counted
+                    cur.execute('SELECT xact_commit + xact_rollback FROM pg_stat_database '
+                                'WHERE datname = current_database()')
+                    return cur.fetchone()[0]
+            finally:
+                conn.close()
+        except psycopg2.Error:
+            return None
+
+    def per_call(self, calls: int) -> dict:
+        cpu_s = self.cpu.stop() or 0.0
+        time.sleep(1.5)
+        commands = self._commands()
+        transactions = self._transactions()
+        calls = max(calls, 1)
+        redis_per = {k: round((v - self.redis_before.get(k, 0)) / calls, 2) for k, v in sorted(commands.items())
+                     if k not in ('info',) and v - self.redis_before.get(k, 0) > 0}
+        return {'gateway_cpu_ms': round(cpu_s * 1000 / calls, 2), 'redis_commands': round(sum(redis_per.values()), 2),
+                'redis_by_command': redis_per,
+                'store_transactions': None if transactions is None or self.store_before is None
+                else round((transactions - self.store_before - 1) / calls, 2)}
+
+
+def grow_keys(target, count: int, sequential: int, clients: int, write, redis_url: str, store_url: str) -> None:
     """The first `sequential` keys one after another on one connection, the rest from `clients` connections at once
     (a provisioning script's way; their changes are applied together when they arrive together)."""
     samples: list[float] = []
@@ -172,11 +218,14 @@ def grow_keys(target, count: int, sequential: int, clients: int, write) -> None:
 
     names = [f'grow-{i:06d}' for i in range(count)]
     first, rest = names[:sequential], names[sequential:]
+    costs = CallCosts(target.pids[0], redis_url, store_url)
     started = time.monotonic()
     create(first)
     sequential_s = time.monotonic() - started
     sequential_samples = list(samples)
-    log(f'{len(first)} keys one after another in {sequential_s:.1f} s')
+    sequential_costs = costs.per_call(len(first))
+    log(f'{len(first)} keys one after another in {sequential_s:.1f} s; per key {sequential_costs}')
+    costs = CallCosts(target.pids[0], redis_url, store_url)
     parallel_started = time.monotonic()
     threads = [threading.Thread(target=create, args=(rest[i::clients],)) for i in range(clients)] if rest else []
     for thread in threads:
@@ -184,14 +233,16 @@ def grow_keys(target, count: int, sequential: int, clients: int, write) -> None:
     for thread in threads:
         thread.join()
     parallel_s = time.monotonic() - parallel_started
-    log(f'{len(rest)} keys from {clients} clients in {parallel_s:.1f} s')
+    parallel_costs = costs.per_call(len(rest))
+    log(f'{len(rest)} keys from {clients} clients in {parallel_s:.1f} s; per key {parallel_costs}')
     write({'step': 'grow-keys', 'keys': count, 'seconds': round(time.monotonic() - started, 3),
            'sequential': {'keys': len(first), 'seconds': round(sequential_s, 3),
                           'latency_ms': summary(sequential_samples),
                           'per_thousand_ms': [summary(sequential_samples[i:i + 1000])
-                                              for i in range(0, len(sequential_samples), 1000)]},
+                                              for i in range(0, len(sequential_samples), 1000)],
+                          'per_key': sequential_costs},
            'parallel': {'keys': len(rest), 'clients': clients, 'seconds': round(parallel_s, 3),
-                        'latency_ms': summary(samples[len(sequential_samples):])},
+                        'latency_ms': summary(samples[len(sequential_samples):]), 'per_key': parallel_costs},
            'errors': errors, 'ok': not errors})
 
 
@@ -404,6 +455,8 @@ def main(argv=None) -> int:
     parser.add_argument('--target-cpu', default='1')
     parser.add_argument('--pg-cpu', default='0')
     parser.add_argument('--gateway-port', type=int, default=18012)
+    parser.add_argument('--gateway-root', type=Path, default=targets.REPO,
+                        help='the checkout to run (e.g. an older commit unpacked elsewhere, for a before/after)')
     parser.add_argument('--redis-port', type=int, default=18389)
     parser.add_argument('--max-id', type=int, default=1_000_000)
     parser.add_argument('--keep-stores', action='store_true')
@@ -484,7 +537,8 @@ def _main(args, run_dir: Path, work_dir: Path) -> int:
             finally:
                 changes.close()
         if not args.reuse_grown:
-            grow_keys(target, args.keys, min(args.sequential_keys, args.keys), args.key_clients, write)
+            grow_keys(target, args.keys, min(args.sequential_keys, args.keys), args.key_clients, write, redis_url,
+                      store_url)
             rss['keys'] = rss_kb(pids)
             grow_queries(target, store_url, min(args.api_queries, args.queries), args.queries, write)
             rss['keys+queries'] = rss_kb(pids)
