@@ -75,20 +75,29 @@ def _pid_alive(pid_file: Path) -> int | None:
         return None
 
 
-def start_supervisor(settings: Settings, env: dict, binds: list[str]) -> int:
-    """The supervisor of this home's masters (it starts them), unless one already runs."""
+def start_supervisor(settings: Settings, env: dict, binds: list[str], nginx_conf: Path | None = None) -> bool:
+    """The supervisor of this home's masters and, with ``nginx_conf``, of nginx (it starts
+    them), unless one already runs; whether it was started now."""
     home = _home(settings)
     run = home / "run"
     run.mkdir(parents=True, exist_ok=True)
-    pid = _pid_alive(run / "supervisor.pid")
-    if pid:
-        return pid
+    if _pid_alive(run / "supervisor.pid"):
+        return False
     cmd = [sys.executable, "-m", "fleet.supervisor", "--home", str(home),
            *[f"--instance=i{i}={bind}" for i, bind in enumerate(binds)]]
+    if nginx_conf is not None:
+        cmd += ["--nginx-conf", str(nginx_conf), "--nginx-prefix", str(home / "nginx")]
     with open(home / "supervisor.log", "ab") as log:
-        proc = subprocess.Popen(cmd, cwd=ROOT, env={**os.environ, **env}, stdout=log, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, start_new_session=True)
-    return proc.pid
+        subprocess.Popen(cmd, cwd=ROOT, env={**os.environ, **env}, stdout=log, stderr=subprocess.STDOUT,
+                         stdin=subprocess.DEVNULL, start_new_session=True)
+    return True
+
+
+def _supervises_nginx(pid: int) -> bool:
+    try:
+        return b"--nginx-conf" in Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
 
 
 def stop_supervisor(settings: Settings) -> None:
@@ -138,7 +147,9 @@ http {{
 """
 
 
-def start_balancer(settings: Settings, binds: list[str]) -> None:
+def start_balancer(settings: Settings, binds: list[str], start: bool = True) -> Path:
+    """nginx's configuration for ``binds``; with ``start``, nginx reloaded with it, or started
+    (as a daemon, unsupervised: the supervisor that runs was started without it)."""
     nginx = shutil.which("nginx") or "/usr/sbin/nginx"
     home = _home(settings)
     (home / "nginx").mkdir(parents=True, exist_ok=True)
@@ -148,11 +159,14 @@ def start_balancer(settings: Settings, binds: list[str]) -> None:
     servers = "\n".join(f"        server {b} max_fails=3 fail_timeout=1s;" for b in binds)
     conf.write_text(NGINX_CONF.format(home=home, servers=servers, bind=settings.bind,
                                       user="user root;" if os.geteuid() == 0 else ""))
+    if not start:
+        return conf
     pid = _pid_alive(home / "run" / "nginx.pid")
     if pid:
         subprocess.run([nginx, "-c", str(conf), "-p", str(home / "nginx"), "-s", "reload"], check=True)
     else:
         subprocess.run([nginx, "-c", str(conf), "-p", str(home / "nginx")], check=True)
+    return conf
 
 
 def up(settings: Settings, instances: int, seed_demo: bool = True) -> dict:
@@ -162,13 +176,15 @@ def up(settings: Settings, instances: int, seed_demo: bool = True) -> dict:
     os.environ.update(env)
     settings = Settings.from_env()
     binds = instance_binds(settings, instances)
-    start_supervisor(settings, env, binds)
+    # With more than one instance the supervisor runs nginx too, and starts it again when it dies.
+    conf = start_balancer(settings, binds, start=False) if instances > 1 else None
+    supervisor_started = start_supervisor(settings, env, binds, conf)
     for bind in binds:
         if not _wait_http(f"http://{bind}/health", 60):
             stop_supervisor(settings)
             raise SystemExit(f"the gateway on {bind} did not come up; see {home}/gunicorn-*.log "
                              f"and {home}/supervisor.log")
-    if instances > 1:
+    if instances > 1 and not supervisor_started:      # a supervisor already ran: reload nginx
         start_balancer(settings, binds)
     base = f"http://{settings.bind}"
     if not _wait_http(base + "/health", 30):
@@ -206,8 +222,9 @@ def down(settings: Settings, keep_services: bool) -> None:
     home = _home(settings)
     run = home / "run"
     nginx_pid = _pid_alive(run / "nginx.pid")
-    if nginx_pid:
-        os.kill(nginx_pid, signal.SIGQUIT)
+    supervisor = _pid_alive(run / "supervisor.pid")
+    if nginx_pid and not (supervisor and _supervises_nginx(supervisor)):
+        os.kill(nginx_pid, signal.SIGQUIT)       # else the supervisor stops it first, and does not restart it
     stop_supervisor(settings)     # first: else it would start again the masters stopped below
     for pid_file in sorted(run.glob("gunicorn-*.pid")):   # masters started without one
         pid = _pid_alive(pid_file)

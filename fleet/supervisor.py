@@ -1,6 +1,8 @@
-"""``fleet up``'s supervisor: keeps the gunicorn masters of one home running.
+"""``fleet up``'s supervisor: keeps the gunicorn masters of one home, and nginx in front of
+them, running.
 
     python -m fleet.supervisor --home H --instance i0=127.0.0.1:8001 [--instance ...]
+                               [--nginx-conf H/nginx.conf --nginx-prefix H/nginx]
 
 It starts each master as its child and starts it again whenever it exits without the
 supervisor having asked (a SIGKILL, a crash, an OOM kill, any exit): at once, and, while it
@@ -13,12 +15,19 @@ One supervisor per home: it holds ``flock`` on ``<home>/run/supervisor.lock`` fo
 a second one exits at once. A master already running from its pid file (the supervisor itself
 was killed and started again) is adopted: watched by its pid, started again when it is gone.
 Its log is ``<home>/supervisor.log``.
+
+nginx (``--nginx-conf``, ``fleet up --instances N`` with N > 1) is one more child, run in the
+foreground (``daemon off``), started again the same way, stopped with SIGQUIT (graceful) before
+the masters. nginx's workers outlive a killed nginx master and keep its port, so that a new
+one could not bind it: the supervisor sends them SIGQUIT first (they close the port, finish
+what they hold and exit; nginx retries its bind for 2.5 s meanwhile).
 """
 from __future__ import annotations
 
 import argparse
 import fcntl
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -40,20 +49,32 @@ def master_command(run: Path, name: str, bind: str) -> list[str]:
             "--bind", bind, "--pid", str(run / f"gunicorn-{name}.pid"), "fleet.app:create_app()"]
 
 
-def _gunicorn_alive(pid: int) -> bool:
-    """``pid`` is a live gunicorn (not a zombie, not a recycled pid of something else)."""
+def nginx_command(conf: Path, prefix: Path) -> list[str]:
+    nginx = shutil.which("nginx") or "/usr/sbin/nginx"
+    return [nginx, "-c", str(conf), "-p", str(prefix), "-g", "daemon off;"]
+
+
+def _alive_as(pid: int, name: bytes) -> bool:
+    """``pid`` is a live process whose command line names ``name`` (not a zombie, not a
+    recycled pid of something else)."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
         cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
     except OSError:
         return False
-    return stat.rsplit(")", 1)[1].split()[0] != "Z" and b"gunicorn" in cmdline
+    return stat.rsplit(")", 1)[1].split()[0] != "Z" and name in cmdline
+
+
+def _gunicorn_alive(pid: int) -> bool:
+    return _alive_as(pid, b"gunicorn")
 
 
 class Master:
     """One instance: its child process (or an adopted pid) and when it may start again."""
 
     __slots__ = ("name", "bind", "proc", "adopted", "started_at", "quick_deaths", "next_start", "starts")
+    kind = "master"
+    stop_signal = signal.SIGTERM
 
     def __init__(self, name: str, bind: str) -> None:
         self.name = name
@@ -71,7 +92,7 @@ class Master:
     def alive(self) -> bool:
         if self.proc is not None:
             return self.proc.poll() is None
-        return self.adopted is not None and _gunicorn_alive(self.adopted)
+        return self.adopted is not None and self.is_running(self.adopted)
 
     def how_it_ended(self) -> str:
         code = self.proc.returncode if self.proc is not None else None
@@ -79,13 +100,71 @@ class Master:
             return "is gone"
         return f"was killed by signal {-code}" if code < 0 else f"exited with {code}"
 
+    # --- what differs between a master and nginx ---
+    def command(self, run: Path) -> list[str]:
+        return master_command(run, self.name, self.bind)
+
+    def pid_file(self, run: Path) -> Path:
+        return run / f"gunicorn-{self.name}.pid"
+
+    def log_file(self, home: Path) -> Path:
+        return home / f"gunicorn-{self.name}.log"
+
+    def environment(self, env: dict[str, str]) -> dict[str, str]:
+        return {**env, "GATEWAY_INSTANCE": self.name}
+
+    def is_running(self, pid: int) -> bool:
+        return _gunicorn_alive(pid)
+
+    def left_behind(self, pid: int) -> None:
+        """Called once it is found gone. A master's workers stop by themselves (PR_SET_PDEATHSIG)."""
+
+
+class Balancer(Master):
+    """nginx in front of the masters, in the foreground: its master process is the child."""
+
+    __slots__ = ("conf", "prefix")
+    kind = "balancer"
+    stop_signal = signal.SIGQUIT      # nginx's graceful stop (SIGTERM is its fast one)
+
+    def __init__(self, conf: Path, prefix: Path) -> None:
+        super().__init__("nginx", "")
+        self.conf = conf
+        self.prefix = prefix
+
+    def command(self, run: Path) -> list[str]:
+        return nginx_command(self.conf, self.prefix)
+
+    def pid_file(self, run: Path) -> Path:
+        return run / "nginx.pid"          # the conf's ``pid``: nginx writes it
+
+    def log_file(self, home: Path) -> Path:
+        return home / "nginx.log"
+
+    def environment(self, env: dict[str, str]) -> dict[str, str]:
+        return env
+
+    def is_running(self, pid: int) -> bool:
+        return _alive_as(pid, b"nginx")
+
+    def left_behind(self, pid: int) -> None:
+        """nginx's workers outlive their master and keep serving on its port, which a new
+        nginx could then not bind: SIGQUIT to its process group (the child's own session, or
+        a daemon's), so that they close the port now and finish what they hold."""
+        try:
+            os.killpg(pid, signal.SIGQUIT)
+        except OSError:
+            pass
+
 
 class Supervisor:
     def __init__(self, home: Path, instances: Sequence[tuple[str, str]], env: dict[str, str],
-                 clock: Callable[[], float] = time.monotonic, log: Callable[[str], None] | None = None) -> None:
+                 clock: Callable[[], float] = time.monotonic, log: Callable[[str], None] | None = None,
+                 balancer: Balancer | None = None) -> None:
         self.home = home
         self.run = home / "run"
-        self.masters = [Master(name, bind) for name, bind in instances]
+        # nginx first: stopped first (fleet down), so that no call is sent to a stopping master.
+        self.masters = ([balancer] if balancer is not None else []) + [Master(name, bind) for name, bind in instances]
         self.env = env
         self.clock = clock
         self.log = log or (lambda text: print(text, flush=True))
@@ -94,33 +173,33 @@ class Supervisor:
     def adopt(self) -> None:
         for master in self.masters:
             try:
-                pid = int((self.run / f"gunicorn-{master.name}.pid").read_text().strip())
+                pid = int(master.pid_file(self.run).read_text().strip())
             except (OSError, ValueError):
                 continue
-            if _gunicorn_alive(pid):
+            if master.is_running(pid):
                 master.adopted = pid
                 master.started_at = self.clock()
-                self.log(f"master {master.name} already running (pid {pid}): adopted")
+                self.log(f"{master.kind} {master.name} already running (pid {pid}): adopted")
 
     def start(self, master: Master) -> None:
-        pid_file = self.run / f"gunicorn-{master.name}.pid"
+        pid_file = master.pid_file(self.run)
         try:   # left by a killed master; gunicorn refuses to start while its pid is alive (reused)
-            if not _gunicorn_alive(int(pid_file.read_text().strip())):
+            if not master.is_running(int(pid_file.read_text().strip())):
                 pid_file.unlink()
         except (OSError, ValueError):
             pass
-        log = open(self.home / f"gunicorn-{master.name}.log", "ab")
+        log = open(master.log_file(self.home), "ab")
         try:
             master.proc = subprocess.Popen(
-                master_command(self.run, master.name, master.bind), cwd=ROOT,
-                env={**self.env, "GATEWAY_INSTANCE": master.name}, stdout=log, stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL, start_new_session=True)
+                master.command(self.run), cwd=ROOT, env=master.environment(self.env), stdout=log,
+                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
         finally:
             log.close()
         master.adopted = None
         master.started_at = self.clock()
         master.starts += 1
-        self.log(f"master {master.name} started (pid {master.proc.pid}) on {master.bind}")
+        self.log(f"{master.kind} {master.name} started (pid {master.proc.pid})"
+                 + (f" on {master.bind}" if master.bind else ""))
 
     def tick(self) -> None:
         """Start what is not running and may start now; note when what died may start again."""
@@ -130,12 +209,15 @@ class Supervisor:
                 continue
             if master.next_start == 0.0:           # just found gone: when may it start again?
                 delay = 0.0
+                gone = master.pid()
+                if gone is not None:
+                    master.left_behind(gone)
                 if master.starts or master.adopted is not None:
                     ran = now - master.started_at
                     master.quick_deaths = master.quick_deaths + 1 if ran < STABLE_S else 0
                     if master.quick_deaths > 1:
                         delay = min(BACKOFF_FIRST_S * 2 ** (master.quick_deaths - 2), BACKOFF_MAX_S)
-                    self.log(f"master {master.name} (pid {master.pid()}) {master.how_it_ended()} after "
+                    self.log(f"{master.kind} {master.name} (pid {master.pid()}) {master.how_it_ended()} after "
                              f"{ran:.1f}s; starting it again in {delay:.1f}s")
                 master.next_start = now + delay
             if now >= master.next_start:
@@ -160,14 +242,20 @@ class Supervisor:
 
     def stop_all(self) -> None:
         self.log("stopping the masters")
-        self.signal_all(signal.SIGTERM)
+        for master in self.masters:
+            pid = master.pid()
+            if pid is not None and master.alive():
+                try:
+                    os.kill(pid, master.stop_signal)
+                except OSError:
+                    pass
         deadline = self.clock() + STOP_TIMEOUT_S
         while any(m.alive() for m in self.masters) and self.clock() < deadline:
             time.sleep(POLL_S)
         for master in self.masters:
             pid = master.pid()
             if pid is not None and master.alive():
-                self.log(f"master {master.name} (pid {pid}) did not stop in {STOP_TIMEOUT_S:.0f}s: SIGKILL")
+                self.log(f"{master.kind} {master.name} (pid {pid}) did not stop in {STOP_TIMEOUT_S:.0f}s: SIGKILL")
                 try:
                     os.killpg(pid, signal.SIGKILL)     # with its group (start_new_session): its workers
                 except OSError:
@@ -182,6 +270,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--home", required=True)
     parser.add_argument("--instance", action="append", required=True, help="name=host:port")
+    parser.add_argument("--nginx-conf", help="run nginx with this configuration too")
+    parser.add_argument("--nginx-prefix", help="nginx's prefix (-p)")
     args = parser.parse_args(argv)
     home = Path(args.home).resolve()
     run = home / "run"
@@ -194,7 +284,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     instances = [(name, bind) for name, _, bind in (spec.partition("=") for spec in args.instance)]
     env = {**os.environ, "GATEWAY_HOME": str(home)}    # the masters run in the checkout: no relative home
-    supervisor = Supervisor(home, instances, env)
+    balancer = None
+    if args.nginx_conf:
+        balancer = Balancer(Path(args.nginx_conf).resolve(), Path(args.nginx_prefix or home / "nginx").resolve())
+    supervisor = Supervisor(home, instances, env, balancer=balancer)
     signal.signal(signal.SIGTERM, lambda *_: supervisor.stopping.set())
     signal.signal(signal.SIGINT, lambda *_: supervisor.stopping.set())
     signal.signal(signal.SIGHUP, lambda *_: supervisor.signal_all(signal.SIGHUP))
