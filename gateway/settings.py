@@ -156,6 +156,9 @@ class Settings:
                          "handing back what is left (the L of the documented bound).")
     lease_max: int = _doc(256, "Largest lease (tokens or calls) a worker takes in one Redis script "
                           "(never more than a quarter of what the bucket holds).")
+    concurrency_lease_ms: int = _doc(10000, "A key's `max_concurrent` places live in Redis as leases "
+                                     "renewed every third of this while their calls run: a worker killed "
+                                     "holding places frees them within this long.")
     redis_timeout_ms: int = _doc(250, "Socket timeout of admission calls to Redis (past it, the call "
                                  "counts as Redis unreachable for 250 ms).")
     redis_failure: str = _doc("open", "With Redis unreachable: `open` admits through a local limiter "
@@ -207,6 +210,8 @@ class Settings:
                              "redis+cluster:// or redis+sentinel://")
         if self.cache_shared not in ("on", "off"):
             raise SystemExit("GATEWAY_CACHE_SHARED must be 'on' or 'off'")
+        if self.concurrency_lease_ms < 300:
+            raise SystemExit("GATEWAY_CONCURRENCY_LEASE_MS must be at least 300 (renewed every third of it)")
         if self.reuse_port not in ("auto", "on", "off"):
             raise SystemExit("GATEWAY_REUSE_PORT must be 'auto', 'on' or 'off'")
         for name in self.allowed_catalog_relations():
