@@ -36,7 +36,8 @@ class Rig:
         self.instance_urls = [f'http://127.0.0.1:{self.bind_port + 1 + i}' for i in range(INSTANCES)]
         self.pg = LocalPostgres(self.home, base_port)
         self.redis = LocalRedis(self.home, base_port + 1)
-        self.extra_env: dict[str, str] = {}
+        self.fleet_env: dict[str, str] = {}    # the block's --fleet-env, for every fleet up
+        self.extra_env: dict[str, str] = {}    # one fault's own settings
 
     # --- fleet up / down --------------------------------------------------------------------
     def env(self) -> dict[str, str]:
@@ -44,7 +45,8 @@ class Rig:
         env = {k: v for k, v in os.environ.items() if not k.startswith('GATEWAY_')}
         env.update({'GATEWAY_HOME': str(self.home), 'GATEWAY_BIND': f'127.0.0.1:{self.bind_port}',
                     'GATEWAY_PG_PORT': str(self.base_port), 'GATEWAY_REDIS_PORT': str(self.base_port + 1),
-                    'GATEWAY_WORKERS': str(self.workers), 'GATEWAY_CPUS': 'auto', **self.extra_env})
+                    'GATEWAY_WORKERS': str(self.workers), 'GATEWAY_CPUS': 'auto', **self.fleet_env,
+                    **self.extra_env})
         return env
 
     def settings(self) -> dict[str, str]:

@@ -61,6 +61,8 @@ def parse_args(argv=None):
     parser.add_argument('--rate', type=float, default=0.0,
                         help='pace the load at this many calls a second, all clients together, each call timed from '
                              'when it was due (default 0: a closed loop, each client sending as soon as it can)')
+    parser.add_argument('--fleet-env', action='append', default=[], metavar='GATEWAY_NAME=VALUE',
+                        help='a setting of the fleet under test (repeatable; recorded in the report)')
     parser.add_argument('--workers', type=int, default=2, help='workers per master (default 2)')
     parser.add_argument('--via', choices=('nginx', 'direct'), default='nginx',
                         help='the load through nginx (default), or half the clients straight to each master')
@@ -111,6 +113,7 @@ def main(argv=None) -> int:
     run_dir, work_dir = rundir.new(args.out, BLOCK)
     log(f'block {BLOCK} -> {run_dir} (fleet home, logs and calls in {work_dir})')
     rig = Rig(work_dir / 'home', args.base_port, args.workers, work_dir / 'fleet.log')
+    rig.fleet_env = fleet_env(args.fleet_env)
     meta = {
         'block': BLOCK, 'started_at': now_iso(), 'finished_at': None,
         'command': ' '.join(shlex.quote(a) for a in [sys.executable, '-m', 'loadtests.bench', BLOCK, *argv]),
@@ -200,6 +203,16 @@ def run_block(rig: Rig, args, meta: dict, results, work_dir: Path, save_meta) ->
         results.flush()
         log(summary_line(record))
         time.sleep(args.settle)
+
+
+def fleet_env(pairs: list[str]) -> dict[str, str]:
+    env = {}
+    for pair in pairs:
+        name, sep, value = pair.partition('=')
+        if not sep or not name.startswith('GATEWAY_'):
+            raise SystemExit(f'--fleet-env wants GATEWAY_NAME=VALUE, not {pair!r}')
+        env[name] = value
+    return env
 
 
 # --------------------------------------------------------------------------------------
