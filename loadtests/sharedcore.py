@@ -10,7 +10,8 @@ lookup, loadtests/targets.py), warmed, then wrk with --connections keep-alive co
 --duration seconds pinned to --wrk-cpu (random_aid.lua checks every body). --rounds rounds,
 the layouts in an order rotated each round; a run with any error or wrong body is reported as
 such. Prints one JSON line per run and a summary: each layout's req/s against one worker's in
-the same round (median and range).
+the same round (median and range), and per call the gateway's CPU (master and workers) and
+context switches, which a busy machine blurs less than throughput.
 """
 from __future__ import annotations
 
@@ -86,6 +87,7 @@ def main() -> None:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     names = [name.strip() for name in args.layouts.split(",")]
     results: dict[str, list[float]] = {name: [] for name in names}
+    cpu_per_call: dict[str, list[float]] = {name: [] for name in names}
     with fleet_services(args.local_pg, args.local_pg_port, args.redis_port, args.wrk_cpu) as (data, secret):
         data_url, store_url, redis_url, run_dir = data["url"], data["store_url"], data["redis_url"], data["run_dir"]
         for round_no in range(args.rounds):
@@ -101,23 +103,33 @@ def main() -> None:
                            "MAX_ID": str(data["max_aid"])}
                     url = target.url("/")
                     wrk.run(url, connections=args.connections, duration_s=args.warmup, env=env, cpu=args.wrk_cpu)
+                    cpu, switches = system.CpuMeter(target.process.pid), system.SwitchMeter(target.process.pid)
+                    cpu.start()
+                    switches.start()
                     result = wrk.run(url, connections=args.connections, duration_s=args.duration, env=env,
                                      cpu=args.wrk_cpu)
+                    used, (voluntary, involuntary) = cpu.stop() or 0.0, switches.stop()
                 finally:
                     targets.stop_process(target.process)
                 line = {"round": round_no, "layout": name, "rps": round(result.rps, 1),
                         "errors": result.errors, "bodies": result.bodies,
+                        # per call, the master and its workers: CPU, and context switches (voluntary, involuntary)
+                        "cpu_us_per_call": round(used * 1e6 / max(1, result.requests), 1),
+                        "switches_per_call": [round(voluntary / max(1, result.requests), 2),
+                                              round(involuntary / max(1, result.requests), 2)],
                         "latency_us": result.latency_us, "at": time.strftime("%H:%M:%S"),
                         "loadavg": Path("/proc/loadavg").read_text().split()[:3]}
                 print(json.dumps(line), flush=True)
                 with args.out.open("a") as out:
                     out.write(json.dumps(line) + "\n")
                 results[name].append(result.rps if not result.error_count else float("nan"))
+                cpu_per_call[name].append(line["cpu_us_per_call"])
     base = results[names[0]]
     for name, values in results.items():
         ratios = [v / b for v, b in zip(values, base, strict=True)]
         print(f"{name}: req/s {[round(v) for v in values]}; against {names[0]} in the same round: "
-              f"median {statistics.median(ratios):.3f}, range {min(ratios):.3f}-{max(ratios):.3f}")
+              f"median {statistics.median(ratios):.3f}, range {min(ratios):.3f}-{max(ratios):.3f}; "
+              f"gateway CPU per call {[round(v) for v in cpu_per_call[name]]} us")
 
 
 if __name__ == "__main__":

@@ -88,6 +88,47 @@ class CpuMeter:
         return ticks / CLK_TCK
 
 
+def _switches(pid: int) -> tuple[int, int]:
+    """(voluntary, involuntary) context switches of every thread of ``pid`` (threads that ended are lost)."""
+    voluntary = involuntary = 0
+    try:
+        tasks = os.listdir(f'/proc/{pid}/task')
+    except OSError:
+        return 0, 0
+    for tid in tasks:
+        try:
+            status = Path(f'/proc/{pid}/task/{tid}/status').read_text()
+        except OSError:
+            continue
+        for line in status.splitlines():
+            if line.startswith('voluntary_ctxt_switches'):
+                voluntary += int(line.split()[1])
+            elif line.startswith('nonvoluntary_ctxt_switches'):
+                involuntary += int(line.split()[1])
+    return voluntary, involuntary
+
+
+class SwitchMeter:
+    """Context switches of process trees between start() and stop(), (voluntary, involuntary): a thread that
+    waits (a poll, a lock, the GIL) and one the scheduler takes off its CPU. Counted, not timed, so a busy
+    machine does not blur them the way it blurs throughput."""
+
+    def __init__(self, *roots: int):
+        self.roots = [r for r in roots if r]
+        self._before: dict[int, tuple[int, int]] = {}
+
+    def start(self):
+        self._before = {pid: _switches(pid) for pid in process_tree(*self.roots)}
+
+    def stop(self) -> tuple[int, int]:
+        voluntary = involuntary = 0
+        for pid in process_tree(*self.roots):
+            v, i = _switches(pid)
+            v0, i0 = self._before.get(pid, (0, 0))
+            voluntary, involuntary = voluntary + v - v0, involuntary + i - i0
+        return voluntary, involuntary
+
+
 class MachineMeter:
     """Busy CPU seconds of the whole machine (all CPUs, from /proc/stat: everything but idle and iowait) between
     start() and stop(). Less what the target, PostgreSQL and wrk used, it is what *other* processes took during a
