@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import http.client
 import math
 import os
 import shlex
@@ -42,6 +43,8 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
+
+import redis
 
 from ... import peer, rundir, system, targets, wrk
 from ...harness import (
@@ -206,8 +209,8 @@ def _main(args, argv: list[str], run_dir: Path, work_dir: Path) -> int:
         failed = block.verdict()
     except KeyboardInterrupt as stop:
         failed = f'interrupted ({stop})'
-    except (TargetError, wrk.WrkError, OSError) as error:
-        failed = str(error)
+    except (TargetError, wrk.WrkError, OSError, http.client.HTTPException, redis.RedisError, ValueError) as error:
+        failed = f'{type(error).__name__}: {error}'
     finally:
         block.close()
         restore(args.database_url, balances)
