@@ -1,4 +1,6 @@
-"""Shared rate limits and quotas, nearly free per call: pre-debited leases.
+"""Shared rate limits and quotas, nearly free per call: pre-debited leases. (A key's
+``max_concurrent`` is counted by ``fleet.concurrency``, which this admission holds: a place
+cannot be leased in advance as tokens are.)
 
 A shared bucket lives in Redis (a token bucket on Redis server time for rate limits, a
 counter per period for quotas). A worker never asks Redis per call: it takes a *lease*
@@ -96,6 +98,7 @@ from gateway.errors import GatewayError
 from gateway.model.limits import Quota, Rate, quota_period, quota_window
 from gateway.ports import Clock, Headers, quota_exceeded, rate_limited
 
+from .concurrency import Place, RunningCalls
 from .degraded import DegradedLog
 from .redis_client import RedisLink, drop_idle
 
@@ -231,6 +234,9 @@ class LeasedAdmission:
                                     "admitting through this worker's local share of each limit",
                                     settings.degraded_log_s, clock)
         self._failed_bucket = ""    # probed by the flusher to find Redis back when no call does
+        # max_concurrent: places held while calls run (fleet.concurrency), on the same client and log.
+        self.running = RunningCalls(self._redis, settings.concurrency_lease_ms, self._closed_on_failure,
+                                    workers_hint, self.degraded, clock)
         self._stop = threading.Event()
         self._flusher = threading.Thread(target=self._flush_loop, name="gateway-leases", daemon=True)
         self._flusher.start()
@@ -268,6 +274,12 @@ class LeasedAdmission:
         lease = self._quota_lease(key, quota)
         with lease.lock:
             return max(quota.rows - lease.rows_used - lease.rows_pending, 0)
+
+    def enter(self, key: ApiKey) -> Place:
+        return self.running.enter(key)
+
+    def leave(self, key: ApiKey, place: object) -> None:
+        self.running.leave(place)  # type: ignore[arg-type]  # what enter() returned
 
     # --- rate limits ------------------------------------------------------------------
     def _lease(self, bucket: str) -> _Lease:
@@ -572,6 +584,7 @@ class LeasedAdmission:
         return items
 
     def close(self) -> None:
+        self.running.close()
         self._stop.set()
         self._flusher.join(1)
         try:

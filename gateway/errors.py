@@ -116,6 +116,8 @@ CODES: dict[str, tuple[int, str]] = {
     "payload_too_large": (413, "The body is larger than `GATEWAY_MAX_BODY_BYTES`."),
     "unsupported_media_type": (415, "The body must be `application/json`."),
     "rate_limited": (429, "The client IP's or the key's rate limit is spent; `Retry-After` says when to retry."),
+    "too_many_concurrent": (429, "The key already has `max_concurrent` calls running (a stream runs until its last row "
+                                 "is sent), across the fleet; `Retry-After: 1`."),
     "quota_exceeded": (429, "The key's calls or rows quota for this day or month is used up; `Retry-After` says when "
                             "it resets."),
     "internal_error": (500, "A bug: reported with its request id, never with internals."),

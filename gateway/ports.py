@@ -10,7 +10,8 @@ embedded tools, a gateway run without a fleet.
 * ``Admission``: may this call run now (rate limits per client IP and per key, quotas);
   ``admit_*`` return the response headers to add or raise a 429 ``GatewayError``;
   ``settle`` reports the rows a call returned (row quotas settle after the call);
-  ``rows_left`` bounds a stream.
+  ``rows_left`` bounds a stream; ``enter``/``leave`` hold one of a key's ``max_concurrent``
+  places for as long as its call runs (a stream: until its last row is sent).
 * ``Events``: live events of runs and changes, fanned out to ``GET /events`` readers.
 * ``Clock``: monotonic seconds, injected where time is tested (leases).
 """
@@ -96,6 +97,13 @@ class Admission(Protocol):
 
     def usage(self, keys: Iterable[ApiKey]) -> list[dict]: ...
 
+    def enter(self, key: ApiKey) -> object:
+        """One of the places of ``key.max_concurrent`` (called only when the key has one), held
+        until ``leave``; raises 429 ``too_many_concurrent`` when all are taken."""
+
+    def leave(self, key: ApiKey, place: object) -> None:
+        """Give back what ``enter`` returned (once; never raises)."""
+
     def close(self) -> None: ...
 
 
@@ -120,6 +128,12 @@ class AdmitAll:
     def usage(self, keys: Iterable[ApiKey]) -> list[dict]:
         return []
 
+    def enter(self, key: ApiKey) -> object:
+        return None
+
+    def leave(self, key: ApiKey, place: object) -> None:
+        pass
+
     def close(self) -> None:
         pass
 
@@ -129,6 +143,13 @@ def rate_limited(retry_after_s: float, headers: Headers, what: str) -> GatewayEr
     return GatewayError(429, "rate_limited", f"rate limit of {what} exceeded; retry after {seconds}s",
                         extra={"retry_after": seconds},
                         headers=dict(headers, **{"Retry-After": str(seconds)}))
+
+
+def too_many_concurrent(maximum: int) -> GatewayError:
+    """QueryAPIGate's answer, as it gives it (status, code, Retry-After, body fields)."""
+    return GatewayError(429, "too_many_concurrent",
+                        f"this key already has {maximum} calls running, its max_concurrent; retry when one finishes",
+                        extra={"retry_after": 1, "max_concurrent": maximum}, headers={"Retry-After": "1"})
 
 
 def quota_exceeded(what: str, reset_s: int, headers: Headers) -> GatewayError:

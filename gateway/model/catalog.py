@@ -180,7 +180,7 @@ def _reach(value: str | list[str] | None) -> frozenset[str]:
 class ApiKey:
     __slots__ = ("id", "name", "prefix", "digest", "queries", "connections", "expires_at", "active",
                  "rate", "quota", "governance", "grants", "query_governance", "previous_prefix",
-                 "previous_digest", "previous_until")
+                 "previous_digest", "previous_until", "max_concurrent")
 
     def __init__(self, row: dict) -> None:
         grants = row["grants"] or {}
@@ -198,6 +198,7 @@ class ApiKey:
         self.rate = Rate.parse(grants["rate_limit"], grants.get("rate_limit_burst")) \
             if grants.get("rate_limit") else None
         self.quota = Quota.parse(grants["quota"]) if grants.get("quota") else None
+        self.max_concurrent: int | None = grants.get("max_concurrent")   # calls running at once, fleet-wide
         self.governance = Grants.from_doc(grants)
         # Per-query write grants ({"name": ..., "allow_writes": true} in ``queries``): those queries are
         # planned with writes allowed (the server's GATEWAY_ALLOW_WRITES still applies).

@@ -2,7 +2,8 @@
 enforced in exactly one place.
 
     1 identify   X-API-Key -> the key's record in the worker's catalog        (identify.py)
-    2 admit      the client IP's rate limit; then the key's limits and quota  (ports.Admission)
+    2 admit      the client IP's rate limit; then the key's max_concurrent
+                 (a place held until the call ends), limits and quota         (ports.Admission)
     3 plan       what runs (the entry point's ``resolve``) and the key's plan
                  for it, memoised with the catalog                            (plans.py)
     4 bind       typed values for the statement's parameters                  (the entry point)
@@ -18,7 +19,7 @@ An entry point (``saved.SavedCall``, ``adhoc.AdHocCall``) supplies only what dif
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 from ..errors import GatewayError
@@ -84,6 +85,7 @@ class Pipeline:
         started = time.perf_counter()
         key = None
         admitted = False   # past admission: the key's quota was charged, whatever happens next
+        place: object = None   # one of the key's max_concurrent places, given back at the end
         admission = self._admission
         settings = self._settings
         try:
@@ -94,6 +96,8 @@ class Pipeline:
                 key.governance.check_ip(ip)
             subject = call.resolve(catalog, key)                                # 3 plan
             plan = plan_for(catalog, key, subject, settings, self._mask_key)
+            if key.max_concurrent is not None:   # before the rate and quota: a refusal here is not charged
+                place = admission.enter(key)                                    # 2 admit (calls running)
             limits += admission.admit_key(key)                                  # 2 admit (the key)
             admitted = True
             args = call.call_args()
@@ -107,6 +111,9 @@ class Pipeline:
             if args.stream:                                                     # 5 execute, 6 shape
                 self._stream(resp, call, subject, bound, args, plan, pool, timeout_ms, key)
                 rows = None   # charged batch by batch as they are sent; the history records none
+                if place is not None:   # the stream holds the place until its last row (or the client leaves)
+                    resp.stream = _LeaveAfter(resp.stream, admission, key, place)
+                    place = None
             else:
                 size = args.page_size if plan.max_rows is None else min(args.page_size, plan.max_rows)
                 if cache is not None and subject.cache_ttl and not write:   # 4 cache (a saved read only)
@@ -133,6 +140,9 @@ class Pipeline:
             self._history.record(request_id, key.id if key else None, call.name, call.version, status, code,
                                  None, (time.perf_counter() - started) * 1000, admitted)
             raise
+        finally:
+            if place is not None:
+                admission.leave(key, place)  # type: ignore[arg-type]  # a place is only taken with a key
 
     def _stream(self, resp: falcon.Response, call: EntryPoint, subject: Any, bound: Any, args: CallArgs,
                 plan: CallPlan, pool: SessionPool, timeout_ms: int | None, key: ApiKey) -> None:
@@ -146,3 +156,40 @@ class Pipeline:
         admission = self._admission
         send_stream(resp, args, plan, columns, batches, limit, lambda rows: admission.settle(key, rows))
         return None
+
+
+
+class _LeaveAfter:
+    """The stream, giving back the key's place once it ends: its last chunk sent, an error, or
+    the server closing it (a client that went away, or a stream never started: WSGI servers
+    call ``close()`` on the body in every case; a generator's ``finally`` would not run for
+    one closed before its first chunk)."""
+
+    __slots__ = ("_chunks", "_admission", "_key", "_place")
+
+    def __init__(self, chunks: Any, admission: Admission, key: ApiKey, place: object) -> None:
+        self._chunks: Iterator[bytes] = iter(chunks)
+        self._admission = admission
+        self._key = key
+        self._place = place
+
+    def __iter__(self) -> _LeaveAfter:
+        return self
+
+    def __next__(self) -> bytes:
+        try:
+            return next(self._chunks)
+        except BaseException:
+            self.close()
+            raise
+
+    def close(self) -> None:
+        place, self._place = self._place, None
+        if place is None:
+            return
+        try:
+            close = getattr(self._chunks, "close", None)
+            if close is not None:
+                close()
+        finally:
+            self._admission.leave(self._key, place)

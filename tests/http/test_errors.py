@@ -99,6 +99,18 @@ def _pool_exhausted(ctx):
         holder.join()
 
 
+def _too_many_concurrent(ctx):
+    ep = ctx.endpoint("SELECT pg_sleep(:s) AS slept", {"s": {"type": "float", "default": 0}})
+    secret = ctx.api.key([ep.query], [ep.connection], max_concurrent=1)
+    holder = threading.Thread(target=ctx.api.call, args=(ep.query, secret), kwargs={"params": {"s": "1"}})
+    holder.start()
+    time.sleep(0.3)
+    try:
+        return ctx.api.call(ep.query, secret)
+    finally:
+        holder.join()
+
+
 def _raw(result):
     return Reply(result.status_code, result.headers, result.content)
 
@@ -324,6 +336,7 @@ PRODUCERS = {
     "unsupported_media_type": lambda ctx: ctx.api.manage("POST", "/connections", body=b"name=x",
                                                          headers={"Content-Type": "application/x-www-form-urlencoded"}),
     "rate_limited": _twice("SELECT 1", rate_limit="1/minute"),
+    "too_many_concurrent": _too_many_concurrent,
     "quota_exceeded": _twice("SELECT 1", quota={"calls": 1, "per": "day"}),
     "database_unavailable": _unreachable,
     "store_unavailable": lambda ctx: _raw(_store_unavailable(ctx)),
@@ -360,7 +373,8 @@ def check_error(reply, code: str) -> dict:
     body = reply.json
     assert {"error", "code", "request_id"} <= set(body)
     assert set(body) - {"error", "code", "request_id"} <= {"errors", "sqlstate", "condition", "retry_after", "rows_affected",
-                                                            "previous_expires_at"}
+                                                            "previous_expires_at",
+                                                            "max_concurrent"}   # too_many_concurrent's, as QueryAPIGate's
     assert isinstance(body["error"], str) and body["error"]
     assert reply.headers["X-Request-Id"] == body["request_id"]
     assert reply.headers["Content-Type"] == "application/json"
