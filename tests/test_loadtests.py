@@ -116,7 +116,8 @@ def test_cache_block_smoke(settings, services, tmp_path):
     report = (block / "results.md").read_text()
     assert "Throughput cached / uncached, 32 connections, paired per round: " in report
     assert "A write's answer to no worker serving the older body, 10 writes pooled" in report
-    assert ("worst round" in report.split("QueryAPIGate")[1].splitlines()[0]) == with_peer
+    (peer_line,) = [line for line in report.splitlines() if line.startswith("- Throughput cached / QueryAPIGate")]
+    assert ("worst round" in peer_line) == with_peer, peer_line
 
 
 def _port_free(port: int) -> bool:
