@@ -5,7 +5,8 @@
                                demo_writer may only run the load tests' deposit), N
                                gunicorn masters under a supervisor that starts a master
                                again when it dies (fleet/supervisor.py) and, for N > 1, an
-                               nginx load balancer on GATEWAY_BIND; seed the demo and print
+                               nginx load balancer on GATEWAY_BIND (the supervisor starts
+                               it again too); seed the demo and print
                                working curl lines. Returns once all answer.
     fleet down [--keep-services]   the supervisor and its masters, nginx, the services
     fleet status
@@ -178,13 +179,15 @@ def up(settings: Settings, instances: int, seed_demo: bool = True) -> dict:
     binds = instance_binds(settings, instances)
     # With more than one instance the supervisor runs nginx too, and starts it again when it dies.
     conf = start_balancer(settings, binds, start=False) if instances > 1 else None
+    nginx_before = _pid_alive(home / "run" / "nginx.pid")
     supervisor_started = start_supervisor(settings, env, binds, conf)
     for bind in binds:
         if not _wait_http(f"http://{bind}/health", 60):
             stop_supervisor(settings)
             raise SystemExit(f"the gateway on {bind} did not come up; see {home}/gunicorn-*.log "
                              f"and {home}/supervisor.log")
-    if instances > 1 and not supervisor_started:      # a supervisor already ran: reload nginx
+    # A supervisor already ran, or the new one adopted a running nginx: reload it with the conf.
+    if instances > 1 and (not supervisor_started or nginx_before):
         start_balancer(settings, binds)
     base = f"http://{settings.bind}"
     if not _wait_http(base + "/health", 30):

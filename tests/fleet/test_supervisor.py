@@ -125,7 +125,7 @@ def test_a_killed_master_comes_back_and_no_call_fails(fleet, admin, superuser, w
     assert len(calls) <= stored <= len(calls) + CLIENTS, (stored, len(calls))
 
 
-# Calls failed over at most 0.19 s, nginx back after 0.07-0.20 s (load average 11-14; the
+# Calls failed over at most 0.19 s, nginx back after 0.04-0.20 s (load average 11-20; the
 # README's "When something fails"): the supervisor's poll (0.1 s), nginx's start, and its bind
 # once the old workers have let the port go.
 NGINX_OUTAGE_S = 2.0
