@@ -8,9 +8,14 @@ Protocol (every key shares the ``{fleet}`` hash tag, so it runs on Redis Cluster
 2. The management call ``PUBLISH``es G on ``gw:{fleet}:invalidate`` and then waits until
    every live worker has acknowledged a generation >= G, or until that worker's freshness
    lease has run out, whichever is first (bounded by ``GATEWAY_SYNC_TIMEOUT_MS``).
+   Concurrent calls share the wait (group commit): in a process one waiting call at a time
+   polls the acks (the lowest generation every live worker acknowledged), and each poll
+   answers every call waiting there whose G is at or below it.
 3. Each worker's bus thread receives G, applies the changes logged since its own
-   generation (``gateway.model.catalog.refresh``: only the changed rows), and writes
-   its ack (``HSET gw:{fleet}:acks <worker> G``).
+   generation (``gateway.model.catalog.refresh``: only the changed rows; it reads up to the
+   store's newest generation, so one pass covers every change committed meanwhile), and
+   writes its ack (``HSET gw:{fleet}:acks <worker> G'``, G' >= G the generation it reached;
+   a message whose G it already passed and acknowledged costs nothing).
 4. Every ``GATEWAY_BUS_PING_MS`` the thread writes its heartbeat (``alive``: Redis time +
    lease) and sends ``PING`` on its subscription. The pong renews the worker's local
    lease to (time the ping was sent + lease). Pub/sub delivers in order, so a pong for a
@@ -72,7 +77,27 @@ local live, alive = 0, redis.call('HVALS', KEYS[1])
 for i = 1, #alive do if tonumber(alive[i]) > now then live = live + 1 end end
 return live
 """
-# Which live workers have not yet acknowledged generation ARGV[1]; prunes long-dead entries.
+# The live workers and the lowest generation all of them acknowledged (-1: none is live); prunes
+# long-dead entries. One poll answers every call waiting in a process (see RedisBus.announce).
+_LOWEST_ACK = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local alive = redis.call('HGETALL', KEYS[1])
+local live, lowest = 0, -1
+for i = 1, #alive, 2 do
+  local worker, expiry = alive[i], tonumber(alive[i + 1])
+  if expiry > now then
+    live = live + 1
+    local ack = tonumber(redis.call('HGET', KEYS[2], worker) or '0')
+    if lowest < 0 or ack < lowest then lowest = ack end
+  elseif expiry < now - 60000 then
+    redis.call('HDEL', KEYS[1], worker)
+    redis.call('HDEL', KEYS[2], worker)
+  end
+end
+return {live, lowest}
+"""
+# Which live workers have not yet acknowledged generation ARGV[1] (what a call that timed out reports).
 _PENDING = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -113,7 +138,16 @@ class RedisBus:
         self._redis = self._link.client(0.5, health_check_interval=0)
         self._heartbeat = self._redis.register_script(_HEARTBEAT)
         self._pending = self._redis.register_script(_PENDING)
+        self._lowest_ack = self._redis.register_script(_LOWEST_ACK)
         self._worker = worker_id()
+        self._acked = 0            # the generation this worker last acknowledged (bus thread only)
+        # The management side's shared wait: the lowest generation every live worker had
+        # acknowledged at the last poll, and whether a waiting call is polling now.
+        self._waits = threading.Condition(threading.Lock())
+        self._all_acked = 0
+        self._polled_at = 0.0      # when that poll started (time.monotonic())
+        self._live_seen = 0
+        self._polling = False
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.connected = False
@@ -148,7 +182,8 @@ class RedisBus:
             switches = self._link.switches()
             # A refresh on every (re)connect: anything published while away is covered (the
             # store's change log, or a full load when the log does not reach back that far).
-            self._acknowledge(holder.reload())
+            # Acknowledged whatever was acknowledged before: Redis may have lost the ack.
+            self._acknowledge(holder.reload(), always=True)
             if not self.connected:
                 log.info("bus: connected, catalog at generation %d", holder.catalog.generation)
             self.connected = True
@@ -166,8 +201,12 @@ class RedisBus:
         pubsub.ping()
         return sent
 
-    def _acknowledge(self, generation: int) -> None:
-        self._redis.hset(ACKS, self._worker, generation)
+    def _acknowledge(self, generation: int, always: bool = False) -> None:
+        # Concurrent changes arrive as a burst of messages; the first one's refresh reaches
+        # past most of them, and the rest need no second write of the same ack.
+        if always or generation > self._acked:
+            self._redis.hset(ACKS, self._worker, generation)
+            self._acked = generation
 
     # --- management side ---------------------------------------------------------------
     def announce(self, generation: int) -> dict:
@@ -177,6 +216,7 @@ class RedisBus:
             pipe.set(GENERATION, generation)
             self._link.publish(pipe, CHANNEL, generation)
             pipe.execute()
+            published = time.monotonic()
         except redis.RedisError as exc:
             # Nobody can be told: wait until every lease has run out, so every worker checks
             # the store before serving again.
@@ -184,18 +224,57 @@ class RedisBus:
             time.sleep(self._lease_s + self._ping_s)
             return {"workers": None, "waited_ms": (time.monotonic() - started) * 1000, "degraded": True}
         deadline = started + self._sync_timeout_s
-        delay = 0.0005
-        while True:
-            try:
-                live, pending = self._pending(keys=[ALIVE, ACKS], args=[generation])
-            except redis.RedisError:
-                time.sleep(self._lease_s + self._ping_s)
-                return {"workers": None, "waited_ms": (time.monotonic() - started) * 1000, "degraded": True}
-            if not pending or time.monotonic() >= deadline:
-                return {"workers": live, "pending": [p.decode() for p in pending],
-                        "waited_ms": (time.monotonic() - started) * 1000}
-            time.sleep(delay)
-            delay = min(delay * 2, 0.001)   # a 1 ms poll: coarser steps would add to the tail
+        try:
+            live = self._wait_acks(generation, published, deadline)
+            pending: list = [] if live is not None else self._pending(keys=[ALIVE, ACKS], args=[generation])[1]
+        except redis.RedisError:
+            time.sleep(self._lease_s + self._ping_s)
+            return {"workers": None, "waited_ms": (time.monotonic() - started) * 1000, "degraded": True}
+        return {"workers": self._live_seen if live is None else live, "pending": [p.decode() for p in pending],
+                "waited_ms": (time.monotonic() - started) * 1000}
+
+    def _wait_acks(self, generation: int, published: float, deadline: float) -> int | None:
+        """Wait until every live worker acknowledged ``generation`` or a later one; the live
+        workers then, or None at the deadline. Calls waiting at once in this process share
+        the polls: one of them polls (every 1 ms at most), the others wait on the condition
+        and each poll wakes them; a call whose generation is covered returns, and when the
+        poller's own is covered another waiting call takes over the polling.
+
+        A call trusts only a poll that started after its own publish (``published``), as if
+        it had polled itself: a worker left out of an earlier poll (its heartbeat had run
+        out) may since have renewed its lease by a ping sent before this publish, without
+        this change; a later poll sees it live and waits for its ack."""
+        with self._waits:
+            while True:
+                if self._polled_at > published and self._all_acked >= generation:
+                    return self._live_seen
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return None
+                if not self._polling:
+                    self._polling = True
+                    break
+                self._waits.wait(left)
+        try:
+            delay = 0.0005
+            while True:
+                polled_at = time.monotonic()
+                live, lowest = self._lowest_ack(keys=[ALIVE, ACKS])
+                if lowest < 0:   # no live worker: none serves the old state
+                    lowest = generation
+                with self._waits:
+                    self._live_seen, self._all_acked, self._polled_at = live, lowest, polled_at
+                    self._waits.notify_all()
+                if lowest >= generation:
+                    return live
+                if time.monotonic() >= deadline:
+                    return None
+                time.sleep(delay)
+                delay = min(delay * 2, 0.001)   # a 1 ms poll: coarser steps would add to the tail
+        finally:
+            with self._waits:
+                self._polling = False
+                self._waits.notify_all()
 
     def ready(self) -> bool:
         try:
