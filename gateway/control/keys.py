@@ -132,9 +132,10 @@ class Keys:
         try:
             with self._changes.change("create", "key", name) as cur:
                 store.insert_key(cur, name, prefix, crypto.digest(secret), grants, expires)
+                row = self._row(cur, name)   # the answer, read in the change's own transaction
         except psycopg2.errors.UniqueViolation:
             raise conflict("key_exists", f"API key '{name}' already exists") from None
-        return dict(self.get(name), secret=secret)
+        return dict(self._doc(row), secret=secret)
 
     def update(self, name: str, body: dict) -> dict:
         require_fields(body, FIELDS)
@@ -145,7 +146,8 @@ class Keys:
             grants = grants_of(body, base=row["grants"])
             expires = expires_at(body) if "expires_at" in body else row["expires_at"]
             store.update_key_grants(cur, row["id"], grants, expires)
-        return self.get(name)
+            row = self._row(cur, name)
+        return self._doc(row)
 
     def rotate(self, name: str, body: dict | None = None) -> dict:
         """A new secret; the previous one keeps working for ``grace_minutes`` (QueryAPIGate's default, 60;
@@ -175,7 +177,8 @@ class Keys:
                                     "until": until.isoformat()}
             store.update_key_grants(cur, row["id"], grants, row["expires_at"])
             store.rotate_key(cur, row["id"], prefix, crypto.digest(secret))
-        return dict(self.get(name), secret=secret)
+            row = self._row(cur, name)
+        return dict(self._doc(row), secret=secret)
 
     def end_previous(self, name: str) -> dict:
         """``DELETE /api-keys/<name>/previous``: the previous secret stops now, before its grace ends."""
@@ -186,7 +189,8 @@ class Keys:
                 raise not_found("previous_secret_not_found", f"API key '{name}' has no previous secret still working")
             grants.pop(PREVIOUS)
             store.update_key_grants(cur, row["id"], grants, row["expires_at"])
-        return self.get(name)
+            row = self._row(cur, name)
+        return self._doc(row)
 
     @staticmethod
     def _previous_until(grants: dict) -> datetime | None:
