@@ -35,8 +35,10 @@ class QueryResource:
                 code = "invalid_body" if key in ("format", "connection_name") else \
                     f"invalid_{'paging' if 'page' in key else key}"
                 raise bad_request(code, f"{key} was given more than once")
-        self._run(req, resp, SavedCall(name, params, _no_cache(req, reserved), True, self._settings,
-                                       self._defaults))
+        control = req.env.get("HTTP_CACHE_CONTROL")
+        if control is not None:   # most calls send none: no call for it
+            reserved = _no_cache(control, reserved)
+        self._run(req, resp, SavedCall(name, params, reserved, True, self._settings, self._defaults))
 
     def on_post(self, req: falcon.Request, resp: falcon.Response, name: str) -> None:
         body = read_json(req, self._settings.max_body_bytes)
@@ -48,8 +50,10 @@ class QueryResource:
         unknown = set(body) - RESERVED - {"params"}
         if unknown:
             raise bad_request("invalid_body", f"unknown field(s): {', '.join(sorted(unknown))}")
-        self._run(req, resp, SavedCall(name, params, _no_cache(req, reserved), False, self._settings,
-                                       self._defaults))
+        control = req.env.get("HTTP_CACHE_CONTROL")
+        if control is not None:
+            reserved = _no_cache(control, reserved)
+        self._run(req, resp, SavedCall(name, params, reserved, False, self._settings, self._defaults))
 
     def _run(self, req: falcon.Request, resp: falcon.Response, call: SavedCall) -> None:
         env = req.env
@@ -57,9 +61,8 @@ class QueryResource:
                            secret=env.get("HTTP_X_API_KEY"), if_none_match=env.get("HTTP_IF_NONE_MATCH"))
 
 
-def _no_cache(req: falcon.Request, reserved: dict) -> dict:
+def _no_cache(control: str, reserved: dict) -> dict:
     """``Cache-Control: no-cache`` (or ``no-store``) asks what ``cache=false`` asks."""
-    control = req.env.get("HTTP_CACHE_CONTROL")
     if control and "cache" not in reserved and ("no-cache" in control.lower() or "no-store" in control.lower()):
         reserved = dict(reserved, cache="false")
     return reserved

@@ -107,7 +107,6 @@ class Pipeline:
             timeout_ms = lower_timeout(args.timeout_ms, plan.query_timeout, settings.statement_timeout_ms)
             rows: int | None
             status = 200
-            cache = self._cache
             if args.stream:                                                     # 5 execute, 6 shape
                 self._stream(resp, call, subject, bound, args, plan, pool, timeout_ms, key)
                 rows = None   # charged batch by batch as they are sent; the history records none
@@ -116,15 +115,16 @@ class Pipeline:
                     place = None
             else:
                 size = args.page_size if plan.max_rows is None else min(args.page_size, plan.max_rows)
-                if cache is not None and subject.cache_ttl and not write:   # 4 cache (a saved read only)
-                    entry, state = cache.answer(subject, bound, args.page, size, lambda: call.page(
+                # 4 cache (a saved read with a cache_ttl only): one attribute test for a version without
+                if subject.cache_ttl and not write and self._cache is not None:
+                    entry, state = self._cache.answer(subject, bound, args.page, size, lambda: call.page(
                         pool, subject, bound, size, args.page, timeout_ms), not args.cache)
                     rows, status = send_cached(resp, args, size, plan, entry, state, if_none_match)
                 else:
                     result = call.page(pool, subject, bound, size, args.page, timeout_ms)
                     rows = send_page(resp, args, size, plan, result, write)
-                    if write and cache is not None:   # before the write is answered (see gateway.cache)
-                        purged = cache.written(catalog, call.connection, subject.analysis)  # type: ignore[arg-type]
+                    if write and self._cache is not None:   # before the write is answered (see gateway.cache)
+                        purged = self._cache.written(catalog, call.connection, subject.analysis)  # type: ignore[arg-type]
                         if purged is not None:
                             resp.set_header("X-Cache-Invalidated", purge_summary(purged))
             for header, value in limits:

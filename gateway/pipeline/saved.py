@@ -42,24 +42,28 @@ class SavedCall:
             if latest is not None and key.reaches(self.name, latest.connection.name):
                 raise not_found("not_published", f"query '{self.name}' has no published version")
             raise not_found("query_not_found", f"no published query '{self.name}'")
-        asked = self._reserved.get("version")
-        if asked not in (None, ""):
-            wanted = positive_int(asked, "invalid_version", "version")
-            qv = query.versions.get(wanted)
-            if qv is None or qv.published_at is None:
-                raise not_found("version_not_found", f"query '{self.name}' has no published version {wanted}")
+        reserved = self._reserved   # most calls pass no reserved argument: one test for both below
+        if reserved:
+            asked = reserved.get("version")
+            if asked not in (None, ""):
+                wanted = positive_int(asked, "invalid_version", "version")
+                qv = query.versions.get(wanted)
+                if qv is None or qv.published_at is None:
+                    raise not_found("version_not_found", f"query '{self.name}' has no published version {wanted}")
         connection = qv.connection
         # Additive grants: the query by name (or "*"), or its connection (or "*").
         if not key.reaches(self.name, connection.name):
             raise forbidden("connection_forbidden", f"this key is granted neither query '{self.name}' nor its "
                             f"connection '{connection.name}'")
-        other = self._reserved.get("connection_name")
-        if other not in (None, "", connection.name):
-            # QueryAPIGate runs the SQL on another connection; here a statement runs only where it was
-            # analysed and governed.
-            raise bad_request("invalid_body", f"query '{self.name}' runs on its own connection "
-                              f"'{connection.name}' only", errors={"connection_name": "must be the query's own"})
-        check_active(connection)
+        if reserved:
+            other = reserved.get("connection_name")
+            if other not in (None, "", connection.name):
+                # QueryAPIGate runs the SQL on another connection; here a statement runs only where it was
+                # analysed and governed.
+                raise bad_request("invalid_body", f"query '{self.name}' runs on its own connection "
+                                  f"'{connection.name}' only", errors={"connection_name": "must be the query's own"})
+        if not connection.active:
+            check_active(connection)   # raises: the rule and its answer stay in grants.py
         self.connection = connection
         self.version = qv.version
         return qv

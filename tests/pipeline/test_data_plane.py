@@ -195,6 +195,26 @@ def test_inactive_connection(api):
     assert api.call(ep.query, ep.secret).status == 200
 
 
+def test_reserved_arguments_and_headers_on_a_saved_query(api, endpoint):
+    """What a call without reserved arguments skips (``SavedCall.resolve``, ``split_reserved``, the
+    ``Cache-Control`` test) still applies to a call with them."""
+    ep = endpoint(SERIES, SERIES_PARAMS)
+    assert numbers(api.call(ep.query, ep.secret, {"total": 3})) == [1, 2, 3]
+    own = api.call(ep.query, ep.secret, {"total": 2, "connection_name": ep.connection})
+    assert numbers(own) == [1, 2]
+    other = api.call(ep.query, ep.secret, {"connection_name": unique("other")})
+    assert other.status == 400 and other.json["code"] == "invalid_body", other
+    assert numbers(api.call(ep.query, ep.secret, {"total": 2, "version": "1"})) == [1, 2]
+    missing = api.call(ep.query, ep.secret, {"version": "9"})
+    assert missing.status == 404 and missing.json["code"] == "version_not_found", missing
+    paged = api.call(ep.query, ep.secret, {"total": 5, "page_size": 2, "page": 2})
+    assert numbers(paged) == [3, 4]
+    # a Cache-Control header on a query without cache_ttl changes nothing
+    assert numbers(api.call(ep.query, ep.secret, {"total": 1}, headers={"Cache-Control": "no-cache"})) == [1]
+    bad = api.call(ep.query, ep.secret, {"total": 1, "cache": "maybe"}, headers={"Cache-Control": "no-cache"})
+    assert bad.status == 400 and bad.json["code"] == "invalid_cache", bad
+
+
 def test_unreachable_database(api):
     connection = api.connection()
     ep = api.endpoint("SELECT 1 AS one", connection=connection)
