@@ -115,7 +115,10 @@ class Spool:
         if self.full:
             return False
         try:
-            data = marshal.dumps(run)
+            # Version 2: no back-references. Versions 3 and 4 keep a hash table of every object
+            # written, to share repeats a flat run tuple never has: a third of the dumps' time
+            # (300 against 200 ns here). marshal.loads reads every version.
+            data = marshal.dumps(run, 2)
             self.file.write(_LENGTH.pack(len(data)) + data)
             return True
         except (OSError, ValueError):
