@@ -111,13 +111,29 @@ class Metrics:
         self._last = {"dropped": 0, "fallbacks": 0, "reloads": 0, "full_loads": 0}
 
     def __call__(self, batch: Sequence[Run]) -> None:
-        requests, latency, rows_counter = self.requests, self.latency, self.rows
+        # The counters are summed over the batch and added once per label set: every inc() or
+        # observe() is a labels() lookup under a lock and, in multiprocess mode, a getpid(2) and a
+        # write to the mmap, and a batch is hundreds of runs of a few queries. Each observation
+        # stays one observe() (its bucket).
+        calls: dict[tuple[str | None, int, str | None], int] = {}
+        rows_by: dict[str | None, int] = {}
+        observe: dict[str | None, Callable[[float], None]] = {}
+        latency = self.latency
         for _, _, _, query, version, status, code, rows, duration_ms, _, _ in batch:
             label = query if version is not None else "-"   # unknown names never become labels
-            requests.labels(label, str(status), code or "").inc()
-            latency.labels(label).observe(duration_ms / 1000)
+            labels = (label, status, code)
+            calls[labels] = calls.get(labels, 0) + 1
+            into = observe.get(label)
+            if into is None:
+                into = observe[label] = latency.labels(label).observe
+            into(duration_ms / 1000)
             if rows:
-                rows_counter.labels(label).inc(rows)
+                rows_by[label] = rows_by.get(label, 0) + rows
+        requests, rows_counter = self.requests, self.rows
+        for (label, status, code), count in calls.items():
+            requests.labels(label, str(status), code or "").inc(count)
+        for label, count in rows_by.items():
+            rows_counter.labels(label).inc(count)
         self.tick()
 
     def tick(self) -> None:

@@ -206,3 +206,29 @@ def test_access_log_sample(masters, endpoint, superuser):
     assert len(logged) == len(set(logged))
     # Binomial(300, 0.5): standard deviation 8.7 calls; the bounds are more than 5 of them away.
     assert 0.3 * len(ids) <= len(logged) <= 0.7 * len(ids), len(logged)
+
+
+def test_a_batch_is_counted_per_run(monkeypatch):
+    """The observer sums a batch's counters per label set before adding them: every run is still
+    counted once, its rows added, its latency observed in its own bucket."""
+    from gateway.observe import Metrics
+    monkeypatch.delenv("PROMETHEUS_MULTIPROC_DIR", raising=False)
+    metrics = Metrics({})
+    run = lambda query, version, status, code, rows, ms: (0.0, "r", 1, query, version, status, code, rows, ms,  # noqa: E731
+                                                           "w", True)
+    batch = [run("a", 1, 200, None, 2, 3.0), run("a", 1, 200, None, 5, 700.0), run("b", 2, 200, None, None, 1.0),
+             run("a", 1, 400, "invalid_paging", None, 1.0), run("nope", None, 404, "query_not_found", None, 1.0),
+             run("other", None, 404, "query_not_found", None, 1.0)]
+    metrics(batch)
+    metrics(batch[:1])
+    value = metrics.registry.get_sample_value
+    assert value("gateway_requests_total", {"query": "a", "status": "200", "code": ""}) == 3
+    assert value("gateway_requests_total", {"query": "a", "status": "400", "code": "invalid_paging"}) == 1
+    assert value("gateway_requests_total", {"query": "b", "status": "200", "code": ""}) == 1
+    assert value("gateway_requests_total", {"query": "-", "status": "404", "code": "query_not_found"}) == 2
+    assert value("gateway_requests_total", {"query": "nope", "status": "404", "code": "query_not_found"}) is None
+    assert value("gateway_rows_returned_total", {"query": "a"}) == 9
+    assert value("gateway_rows_returned_total", {"query": "b"}) is None
+    assert value("gateway_request_duration_seconds_count", {"query": "a"}) == 4
+    assert value("gateway_request_duration_seconds_sum", {"query": "a"}) == pytest.approx((3 + 700 + 1 + 3) / 1000)
+    assert value("gateway_request_duration_seconds_count", {"query": "-"}) == 2
