@@ -45,6 +45,7 @@ leaving worker drains and shuts its own socket.
 from __future__ import annotations
 
 import errno
+import math
 import os
 import selectors
 import socket
@@ -63,6 +64,7 @@ IDLE_POLL_S = 0.005       # while not accepting: look again this soon (a sibling
 HANDOVER_MAX_S = 30.0     # an old worker waits at most this long for its replacements to serve
 RECYCLE_SPACING_S = 2.0   # a worker recycles no sooner than this after a sibling was away
 CLOSE_LINGER_S = 2.0      # a closed connection waits at most this long for the client's own close
+NOTIFY_EVERY_S = 1.0      # the heartbeat to the master at most this often (its timeout: 60 s)
 
 
 class BalancedThreadWorker(ThreadWorker):
@@ -93,6 +95,17 @@ class BalancedThreadWorker(ThreadWorker):
         self._sibling_away_at = 0.0
         self._socket_gone = False
         self._one_socket_each = bool(self.cfg.reuse_port)
+        self._notified_at = -math.inf
+
+    def notify(self) -> None:
+        """gunicorn's heartbeat, a utime(2) of the worker's temporary file, ran on every turn of
+        gthread's loop: one or two system calls per request. The master only compares its time
+        with the worker timeout, so once a second (a quarter of the timeout, if that is shorter)
+        says as much."""
+        now = time.monotonic()
+        if now - self._notified_at >= min(NOTIFY_EVERY_S, self.timeout / 4):
+            self._notified_at = now
+            super().notify()
 
     # --- the table ---------------------------------------------------------------------------
     @property
