@@ -16,9 +16,13 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from ..execution.runner import Result
+    from .memory import MemoryCache
 
 # What an entry costs beyond its encoded rows (the objects, the index): a rough constant.
 OVERHEAD = 256
+# The answers an entry keeps ready (``keep``): one per format for every key with nothing to mask,
+# one per format and plan for a key with masks. Past this many, a call renders its own each time.
+MAX_VIEWS = 8
 _MAC = 16
 _ALLOWED = {("datetime", n) for n in ("datetime", "date", "time", "timedelta", "timezone")} | \
     {("decimal", "Decimal"), ("uuid", "UUID"), ("builtins", "set"), ("builtins", "frozenset"),
@@ -27,7 +31,7 @@ _ALLOWED = {("datetime", n) for n in ("datetime", "date", "time", "timedelta", "
 
 class Entry:
     __slots__ = ("digest", "query", "version", "db", "tables", "wildcard", "columns", "rows", "rowcount",
-                 "created", "expires", "expires_mono", "size", "payload", "hits", "meta")
+                 "created", "expires", "expires_mono", "size", "payload", "hits", "meta", "views", "owner")
 
     def __init__(self, digest: str, query: str, version: int, db: str, tables: frozenset[str], wildcard: bool,
                  columns: tuple[str, ...], rows: list, rowcount: int, created: float, expires: float,
@@ -48,6 +52,22 @@ class Entry:
         self.size = (len(payload) if payload is not None else 64 * (len(rows) + 1) * (len(columns) + 1)) + OVERHEAD
         self.hits = 0
         self.meta = meta or {}          # connection, page, page_size: for the listing only
+        # Answers rendered from the rows, ready to send (``gateway.pipeline.cached``): never shared
+        # through Redis, each made here from the unmasked rows with one plan.
+        self.views: dict[object, object] = {}
+        self.owner: MemoryCache | None = None   # the memory that holds it (set by ``put``): views are charged there
+
+    def keep(self, key: object, view: object, size: int) -> object:
+        """The view kept under ``key`` (``view`` unless another thread kept one first; ``view``
+        itself, not kept, past ``MAX_VIEWS``); its ``size`` bytes are charged to the memory that
+        holds the entry."""
+        views = self.views
+        if len(views) >= MAX_VIEWS:
+            return view
+        held = views.setdefault(key, view)
+        if held is view and self.owner is not None:
+            self.owner.grow(self, size)
+        return held
 
     @property
     def result(self) -> Result:

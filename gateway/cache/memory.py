@@ -90,12 +90,24 @@ class MemoryCache:
             if entry.digest in self._entries:
                 self._drop(entry.digest)
             self._entries[entry.digest] = entry
+            entry.owner = self
             self.bytes += entry.size
-            while self.bytes > self.max_bytes and self._entries:
-                _, old = self._entries.popitem(last=False)
-                self.bytes -= old.size
-                self.evictions += 1
+            self._evict()
         return True
+
+    def grow(self, entry: Entry, extra: int) -> None:
+        """``entry`` keeps ``extra`` bytes more (an answer ready to send): counted while it is held."""
+        with self._lock:
+            entry.size += extra      # under the lock: ``_drop`` takes back what ``put`` and this added
+            if self._entries.get(entry.digest) is entry:
+                self.bytes += extra
+                self._evict()
+
+    def _evict(self) -> None:
+        while self.bytes > self.max_bytes and self._entries:
+            _, old = self._entries.popitem(last=False)
+            self.bytes -= old.size
+            self.evictions += 1
 
     def _drop(self, digest: str) -> None:
         entry = self._entries.pop(digest, None)

@@ -4,6 +4,14 @@ The entry holds the unmasked rows; they go through ``send_page`` with this call'
 (masks, ``max_rows``) like rows from the database. Then: ``ETag`` (a digest of the body this
 key gets, so two keys with different masks never share one), ``If-None-Match`` answered 304
 without a body, ``Cache-Control: private, max-age=<seconds left>``, ``Age``, ``X-Cache``.
+
+What ``send_page`` makes of the rows (the body, its type, the paging headers, the ETag) depends
+only on the entry (its page and page size are in its digest), the format and the plan, so it is
+made once and kept on the entry (``View``): a hit sends it. It is kept per format for a key with
+nothing to mask (``plan.identity``: the rows go out as they are, whatever the key), else per
+format and plan object. A key's plan is memoised per catalog snapshot and a change of the key
+makes a new one (``gateway.pipeline.plans``), so a narrowed grant or a new mask is never answered
+from the view of the plan it replaced; a masked key never gets a view made without its masks.
 """
 from __future__ import annotations
 
@@ -11,6 +19,7 @@ import hashlib
 import time
 from typing import TYPE_CHECKING
 
+from ..cache.entry import OVERHEAD
 from .shape import send_page
 
 if TYPE_CHECKING:
@@ -21,22 +30,61 @@ if TYPE_CHECKING:
     from .args import CallArgs
 
 
+class View:
+    """One entry's answer for one format and plan: ready to send."""
+
+    __slots__ = ("body", "content_type", "headers", "etag", "rows")
+
+    def __init__(self, body: bytes, content_type: str | None, headers: tuple[tuple[str, str], ...], etag: str,
+                 rows: int) -> None:
+        self.body = body
+        self.content_type = content_type
+        self.headers = headers      # the paging headers and the ETag
+        self.etag = etag
+        self.rows = rows
+
+
+class _Page:
+    """What ``send_page`` writes, caught instead of sent (its one source of a page's shape)."""
+
+    __slots__ = ("data", "content_type", "headers")
+
+    def __init__(self) -> None:
+        self.data: bytes | None = None
+        self.content_type: str | None = None
+        self.headers: list[tuple[str, str]] = []
+
+    def set_header(self, name: str, value: str) -> None:
+        self.headers.append((name, value))
+
+
+def view_of(entry: Entry, args: CallArgs, size: int, plan: CallPlan) -> View:
+    key = (args.fmt, None if plan.identity else plan)
+    view = entry.views.get(key)
+    if view is None:
+        page = _Page()
+        rows = send_page(page, args, size, plan, entry.result, False)  # type: ignore[arg-type]  # duck-typed
+        body = page.data or b""
+        etag = '"' + hashlib.blake2b(body, digest_size=12).hexdigest() + '"'
+        made = View(body, page.content_type, (*page.headers, ("ETag", etag)), etag, rows)
+        view = entry.keep(key, made, len(body) + OVERHEAD)
+    return view  # type: ignore[return-value]  # entry.views holds Views only
+
+
 def send_cached(resp: falcon.Response, args: CallArgs, size: int, plan: CallPlan, entry: Entry, state: str,
                 if_none_match: str | None, now: float | None = None) -> tuple[int, int]:
     """(rows sent, status)."""
-    rows = send_page(resp, args, size, plan, entry.result, False)
+    view = view_of(entry, args, size, plan)
     now = time.time() if now is None else now
-    etag = '"' + hashlib.blake2b(resp.data or b"", digest_size=12).hexdigest() + '"'
-    resp.set_header("ETag", etag)
-    resp.set_header("Cache-Control", f"private, max-age={max(0, int(entry.expires - now))}")
-    resp.set_header("Age", str(max(0, int(now - entry.created))))
-    resp.set_header("X-Cache", state)
-    if if_none_match and _matches(if_none_match, etag):
+    resp.set_headers((*view.headers, ("Cache-Control", f"private, max-age={max(0, int(entry.expires - now))}"),
+                      ("Age", str(max(0, int(now - entry.created)))), ("X-Cache", state)))
+    if if_none_match and _matches(if_none_match, view.etag):
         resp.status = 304
-        resp.data = None
         resp.content_type = None   # a 304 carries no content (nor its type)
         return 0, 304
-    return rows, 200
+    resp.data = view.body
+    resp.content_type = view.content_type
+    return view.rows, 200
 
 
 def purge_summary(reply: dict) -> str:

@@ -144,6 +144,36 @@ def test_a_masked_key_never_receives_another_keys_values(api, endpoint, table):
     assert len(one.json) == 1 and one.headers["X-Page-Size"] == "1"
 
 
+def test_ready_answers_are_kept_per_format_and_plan_in_any_order(api, endpoint, table):
+    """An entry keeps each answer it rendered (``gateway.pipeline.cached.View``): here the masked keys
+    fill and render first, the unmasked key after, then all of them in turns; every key gets its own
+    body (the same one each time), its own ETag, and a 304 only for its own ETag."""
+    ep = endpoint(READ.format(t=table), PARAMS, cache_ttl=60)
+    nulled = api.key([ep.query], [ep.connection], mask=[{"column": f"{table}.secret", "action": "null"}])
+    hashed = api.key([ep.query], [ep.connection], mask=[{"column": f"{table}.secret", "action": "hash"}])
+    plain_too = api.key([ep.query], [ep.connection])   # nothing to mask either: the same answer as ep's
+    plain_values = [b"alpha@x", b"beta@x", b"gamma@x"]
+    states = []
+    for fmt in ("json", "csv"):
+        first = {}
+        for round_ in range(3):
+            for secret in (nulled, hashed, ep.secret, plain_too):
+                got = api.call(ep.query, secret, {"format": fmt})
+                assert got.status == 200, got
+                states.append(got.headers["X-Cache"])
+                masked = secret in (nulled, hashed)
+                assert any(v in got.content for v in plain_values) != masked, (fmt, round_, got.content)
+                seen = first.setdefault(secret, (got.content, got.headers["ETag"]))
+                assert (got.content, got.headers["ETag"]) == seen
+        assert len({etag for _, etag in first.values()}) == 3 and first[ep.secret] == first[plain_too]
+        for secret, (_, etag) in first.items():
+            assert api.call(ep.query, secret, {"format": fmt}, headers={"If-None-Match": etag}).status == 304
+            other = first[nulled if secret != nulled else hashed][1]
+            again = api.call(ep.query, secret, {"format": fmt}, headers={"If-None-Match": other})
+            assert again.status == 200 and again.content == first[secret][0]
+    assert states == ["miss"] + ["hit"] * (len(states) - 1)   # one entry: the rows, in every format
+
+
 def test_narrowed_and_revoked_grants_apply_to_cached_answers_at_once(api, endpoint, table):
     ep = endpoint(READ.format(t=table), PARAMS, cache_ttl=60)
     assert secrets(api.call(ep.query, ep.secret))[0] == "alpha@x"

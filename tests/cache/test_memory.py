@@ -2,7 +2,7 @@
 and the marks that keep a fill begun before a purge out of the cache."""
 from __future__ import annotations
 
-from gateway.cache.entry import Entry, encode_rows
+from gateway.cache.entry import MAX_VIEWS, Entry, encode_rows
 from gateway.cache.memory import MemoryCache
 
 
@@ -77,3 +77,38 @@ def test_purges_drop_exactly_what_they_name():
     assert cache.apply({"op": "query", "name": "r"}) == 1
     assert cache.apply({"op": "db", "db": "h:1/e"}) == 1
     assert cache.apply({"op": "all"}) == 1 and len(cache) == 0 and cache.bytes == 0
+
+
+def test_views_are_charged_while_their_entry_is_held():
+    """An entry's ready answers (``Entry.keep``) count in the memory's bytes, are taken back with
+    the entry (purge, eviction, replacement) and are never counted for an entry not held."""
+    cache = MemoryCache(10_000_000, Clock())
+    held, loose = entry("a"), entry("b")
+    base = held.size
+    assert cache.put(held, cache.mark("q", "h:1/d")) and cache.bytes == base
+    first = object()
+    assert held.keep(("json", None), first, 1000) is first and cache.bytes == base + 1000 == held.size
+    # a second thread that rendered the same view meanwhile gets the first one back, charged once
+    assert held.keep(("json", None), object(), 1000) is first and cache.bytes == base + 1000
+    assert loose.keep(("json", None), object(), 500) is not None and cache.bytes == base + 1000   # not held
+    for i in range(1, MAX_VIEWS + 3):   # past MAX_VIEWS a view is returned, not kept, not charged
+        view = object()
+        assert held.keep(("csv", i), view, 10) is view
+    assert len(held.views) == MAX_VIEWS and cache.bytes == held.size == base + 1000 + 10 * (MAX_VIEWS - 1)
+    replacement = entry("a")
+    assert cache.put(replacement, cache.mark("q", "h:1/d")) and cache.bytes == replacement.size == base
+    assert held.keep(("xml", None), object(), 700) is not None and cache.bytes == base   # the replaced one
+    replacement.keep(("json", None), object(), 300)
+    assert cache.apply({"op": "all"}) == 1 and cache.bytes == 0
+
+
+def test_a_view_that_overflows_the_bound_evicts_the_least_recently_used():
+    one = entry("a").size
+    cache = MemoryCache(one * 16, Clock())
+    cache.max_bytes = one * 3
+    entries = {d: entry(d) for d in "abc"}
+    for e in entries.values():
+        assert cache.put(e, cache.mark("q", "h:1/d"))
+    entries["c"].keep(("json", None), object(), one // 2)
+    assert cache.get("a") is None and cache.evictions == 1
+    assert cache.bytes == sum(e.size for e in cache.entries()) == one * 2 + one // 2   # b, and c with its view
