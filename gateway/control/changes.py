@@ -106,12 +106,10 @@ class Changes:
             before = store.snapshot(cur, kind, name)
             yield cur
             after = store.snapshot(cur, kind, name)
-            generation = store.bump_generation(cur)
-            changed = after or before
-            if changed is not None:   # the object's id, for the workers' incremental apply
-                store.log_change(cur, generation, kind, changed["id"], CHANGE_LOG_KEEP)
+            changed = after or before   # the object's id, for the workers' incremental apply
             who = ACTOR.get()
-            store.insert_audit(cur, who, action, kind, name, before, after, generation)
+            generation = store.commit_change(cur, who, action, kind, name, before, after,
+                                             None if changed is None else changed["id"], CHANGE_LOG_KEEP)
         self.last_sync = self._sync.announce(generation)
         if self._on_change is not None:
             self._on_change({"action": action, "kind": kind, "name": name, "generation": generation,

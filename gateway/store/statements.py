@@ -69,6 +69,32 @@ def log_change(cur: Cursor, generation: int, kind: str, object_id: int, keep: in
         cur.execute("UPDATE gw_catalog_state SET log_from = greatest(log_from, %s)", (oldest,))
 
 
+def commit_change(cur: Cursor, actor: Actor, action: str, kind: str, name: str, before: dict | None,
+                  after: dict | None, object_id: int | None, keep: int) -> int:
+    """A change's bookkeeping in one round trip: bump the generation, log which object it
+    changed (``log_change``; none when ``object_id`` is None) and write the audit entry
+    (``insert_audit``), all at the new generation, which is returned. The generation's row
+    lock is held from here to the commit, and every management call takes it: as one
+    statement right before the commit it is held for one round trip and the commit, not
+    three (the statements of the change itself run before it, unserialized)."""
+    cur.execute("WITH g AS (UPDATE gw_catalog_state SET generation = generation + 1 RETURNING generation), "
+                "c AS (INSERT INTO gw_catalog_changes (generation, kind, id) "
+                "      SELECT generation, %(kind)s, %(id)s FROM g WHERE %(id)s IS NOT NULL ON CONFLICT DO NOTHING), "
+                "a AS (INSERT INTO gw_audit (actor, client_ip, request_id, action, kind, name, before, after, "
+                "      generation) SELECT %(actor)s, %(ip)s, %(rid)s, %(action)s, %(kind)s, %(name)s, %(before)s, "
+                "      %(after)s, generation FROM g) "
+                "SELECT generation FROM g",
+                {"kind": kind, "id": object_id, "actor": actor.name, "ip": actor.ip, "rid": actor.request_id,
+                 "action": action, "name": name, "before": psycopg2.extras.Json(before),
+                 "after": psycopg2.extras.Json(after)})
+    generation: int = _one(cur)["generation"]
+    oldest = generation - keep
+    if object_id is not None and oldest > 0 and generation % _PRUNE_EVERY == 0:
+        cur.execute("DELETE FROM gw_catalog_changes WHERE generation <= %s", (oldest,))
+        cur.execute("UPDATE gw_catalog_state SET log_from = greatest(log_from, %s)", (oldest,))
+    return generation
+
+
 def insert_audit(cur: Cursor, actor: Actor, action: str, kind: str, name: str, before: dict | None,
                  after: dict | None, generation: int) -> None:
     cur.execute("INSERT INTO gw_audit (actor, client_ip, request_id, action, kind, name, before, after, "

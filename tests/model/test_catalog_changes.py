@@ -233,3 +233,39 @@ def test_racing_changes_end_consistent_with_the_store(api, app, holder, services
     # Changes from one call to another stayed within each snapshot's generation.
     generations = [s.generation for s in snapshots]
     assert generations == sorted(generations)
+
+
+def test_a_change_logs_audits_and_prunes_at_its_generation(api, holder, services, superuser, monkeypatch):
+    """``store.commit_change``: one statement bumps the generation, logs the changed object and
+    writes the audit entry, all at that generation; every ``_PRUNE_EVERY`` generations the log
+    forgets what is older than ``CHANGE_LOG_KEEP`` (and says so in ``log_from``), and a worker
+    that far behind loads everything."""
+    from gateway.control import changes as changes_mod
+    from gateway.store import statements
+    monkeypatch.setattr(changes_mod, "CHANGE_LOG_KEEP", 3)
+    connection = api.connection()
+    query = api.query("SELECT 1 AS v", connection=connection)
+    name = unique("key")
+    api.named_key([query], [connection], name=name)
+    (kid,) = superuser("SELECT id FROM gw_api_keys WHERE name = %s", (name,))[0]
+    generation = store_generation(superuser)
+    assert superuser("SELECT kind, id FROM gw_catalog_changes WHERE generation = %s", (generation,)) == [("key", kid)]
+    assert superuser("SELECT action, kind, name FROM gw_audit WHERE generation = %s",
+                     (generation,)) == [("create", "key", name)]
+    behind = holder.catalog.generation
+    # Changes until a generation a multiple of _PRUNE_EVERY has passed: the log was pruned then.
+    for i in range(statements._PRUNE_EVERY + 1):
+        api.ok("PATCH", f"/api-keys/{name}", {"queries": [] if i % 2 else [query]})
+    now = store_generation(superuser)
+    pruned_at = now - now % statements._PRUNE_EVERY
+    assert pruned_at > behind + 3
+    (log_from,) = superuser("SELECT log_from FROM gw_catalog_state")[0]
+    assert log_from == pruned_at - 3
+    assert superuser("SELECT min(generation) FROM gw_catalog_changes")[0][0] == pruned_at - 2
+    # One log row and one audit entry for every generation since.
+    assert superuser("SELECT count(*), count(DISTINCT generation) FROM gw_catalog_changes")[0] == (
+        now - log_from, now - log_from)
+    assert superuser("SELECT count(*) FROM gw_audit WHERE generation > %s", (behind,))[0][0] == now - behind
+    holder.reload()
+    assert holder.last.how == "full"   # it was behind what the log still holds
+    assert shape(holder.catalog) == shape(full_load(services))
