@@ -11,15 +11,32 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from ..model.catalog import Connection, QueryVersion
 
 
+# Per version: its connection's identity and a hash that has already taken in the part of the
+# digest that is the same on every call (the version and its connection), so a call hashes only
+# its own values. Held by the version object itself (no id() that a new object could reuse);
+# emptied past _HELD versions (old catalog snapshots' versions are not kept alive for long).
+_prefixes: dict[QueryVersion, tuple[tuple, Any]] = {}
+_HELD = 4096
+
+
 def digest(qv: QueryVersion, bound: Sequence, page: int, size: int) -> str:
-    raw = repr((qv.statement, qv.connection.identity, bound, page, size)).encode()
-    return hashlib.blake2b(raw, digest_size=16).hexdigest()
+    """The blake2b-128 of ``repr((statement, connection identity, bound, page, size))``, in hex."""
+    identity = qv.connection.identity
+    held = _prefixes.get(qv)
+    if held is None or held[0] is not identity:
+        if len(_prefixes) >= _HELD:
+            _prefixes.clear()
+        prefix = hashlib.blake2b(f"({qv.statement!r}, {identity!r}, ".encode(), digest_size=16)
+        held = _prefixes[qv] = (identity, prefix)
+    hasher = held[1].copy()
+    hasher.update(f"{bound!r}, {page!r}, {size!r})".encode())
+    return hasher.hexdigest()
 
 
 def database(connection: Connection) -> str:
