@@ -25,6 +25,8 @@ from typing import TYPE_CHECKING, Any
 import orjson
 import redis
 
+from gateway.observe import batch_json
+
 from .redis_client import RedisLink
 
 if TYPE_CHECKING:
@@ -51,10 +53,7 @@ class RedisEvents:
     # --- writers ------------------------------------------------------------------------
     def __call__(self, batch: Sequence[Run]) -> None:
         """A history observer: the batch's runs as one entry, one command."""
-        runs = b"\n".join(orjson.dumps(
-            {"at": at, "request_id": rid, "key_id": key_id, "query": query, "version": version,
-             "status": status, "code": code, "rows": rows, "duration_ms": round(duration_ms, 3), "worker": worker})
-            for at, rid, key_id, query, version, status, code, rows, duration_ms, worker, _ in batch)
+        runs = b"\n".join(batch_json(batch))   # encoded once for the access log too
         try:
             self._redis.xadd(STREAM, {"type": "runs", "data": runs}, maxlen=self._maxlen, approximate=True)
         except redis.RedisError as exc:

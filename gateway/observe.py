@@ -19,6 +19,7 @@ import os
 import queue
 import random
 import sys
+import threading
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, TextIO
@@ -59,6 +60,35 @@ def setup_logging(level: str, stream: TextIO | None = None) -> logging.handlers.
     return listener
 
 
+def run_json(run: Run) -> bytes:
+    """One run as the JSON object the access log and the live events carry."""
+    at, rid, key_id, query, version, status, code, rows, duration_ms, worker, _ = run
+    return orjson.dumps({"at": at, "request_id": rid, "key_id": key_id, "query": query, "version": version,
+                         "status": status, "code": code, "rows": rows, "duration_ms": round(duration_ms, 3),
+                         "worker": worker})
+
+
+class BatchJson:
+    """Every run of a batch as ``run_json``, made once for all the observers that send it on (the
+    access log and the live events: the history thread hands each batch to one after the other),
+    not once by each. Per thread: each worker's history thread has its own batches."""
+
+    __slots__ = ("_local",)
+
+    def __init__(self) -> None:
+        self._local = threading.local()
+
+    def __call__(self, batch: Sequence[Run]) -> list[bytes]:
+        local = self._local
+        if getattr(local, "batch", None) is not batch:   # held until the next batch: its id is not reused
+            local.lines = [run_json(run) for run in batch]
+            local.batch = batch
+        return local.lines
+
+
+batch_json = BatchJson()
+
+
 class AccessLog:
     """A history observer: one JSON line per sampled run, written as one record per batch."""
 
@@ -68,13 +98,10 @@ class AccessLog:
 
     def __call__(self, batch: Sequence[Run]) -> None:
         sample = self._sample
-        lines = []
-        for at, rid, key_id, query, version, status, code, rows, duration_ms, worker, _ in batch:
-            if sample < 1.0 and random.random() >= sample:
-                continue
-            lines.append(orjson.dumps({"at": at, "request_id": rid, "key_id": key_id, "query": query,
-                                       "version": version, "status": status, "code": code, "rows": rows,
-                                       "duration_ms": round(duration_ms, 3), "worker": worker}))
+        if sample >= 1.0:
+            lines = batch_json(batch)
+        else:   # only the sampled runs are encoded
+            lines = [run_json(run) for run in batch if random.random() < sample]
         if lines:
             self._log.info(b"\n".join(lines).decode(), extra={"preformatted": True})
 

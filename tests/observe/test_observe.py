@@ -232,3 +232,34 @@ def test_a_batch_is_counted_per_run(monkeypatch):
     assert value("gateway_request_duration_seconds_count", {"query": "a"}) == 4
     assert value("gateway_request_duration_seconds_sum", {"query": "a"}) == pytest.approx((3 + 700 + 1 + 3) / 1000)
     assert value("gateway_request_duration_seconds_count", {"query": "-"}) == 2
+
+
+def test_a_batch_is_encoded_once_for_the_access_log_and_the_events():
+    from gateway.observe import AccessLog, BatchJson, batch_json
+    run = (1.5, "rid", 7, "q\t1", 2, 200, None, 3, 1.23456, "w:1", True)
+    batch = [run, (*run[:5], 400, "invalid_paging", None, *run[8:])]
+    shared = BatchJson()
+    lines = shared(batch)
+    assert shared(batch) is lines                       # the second observer gets the same encoding
+    assert shared(list(batch)) is not lines            # another batch (equal or not) is encoded anew
+    assert [json.loads(line) for line in lines] == [
+        {"at": 1.5, "request_id": "rid", "key_id": 7, "query": "q\t1", "version": 2, "status": 200, "code": None,
+         "rows": 3, "duration_ms": 1.235, "worker": "w:1"},
+        {"at": 1.5, "request_id": "rid", "key_id": 7, "query": "q\t1", "version": 2, "status": 400,
+         "code": "invalid_paging", "rows": None, "duration_ms": 1.235, "worker": "w:1"}]
+
+    class Lines:
+        """What AccessLog calls on its logger."""
+
+        def __init__(self):
+            self.texts = []
+
+        def info(self, text, extra=None):
+            self.texts.append(text)
+
+    written = Lines()
+    AccessLog(1.0, logger=written)(batch)      # type: ignore[arg-type]
+    assert written.texts == [b"\n".join(batch_json(batch)).decode()]
+    sampled = Lines()
+    AccessLog(0.0, logger=sampled)(batch)      # type: ignore[arg-type]
+    assert sampled.texts == []
