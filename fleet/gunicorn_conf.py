@@ -123,6 +123,8 @@ def post_fork(server: Arbiter, worker: Worker) -> None:
         _stop_with_the_master(server.pid)
         # Boot on idle CPU first, not on the serving sibling's (fleet/boot.py); restored in post_worker_init.
         worker.gw_boot_nice = lower_priority(_settings.boot_nice)
+        if _settings.worker_sched == "batch":   # inherited by every thread the worker starts
+            os.sched_setscheduler(0, os.SCHED_BATCH, os.sched_param(0))
     cpu = getattr(worker, "gw_cpu", None)
     if cpu is not None:
         os.sched_setaffinity(0, {cpu})

@@ -53,3 +53,21 @@ def test_a_master_started_while_postgresql_is_down_serves_once_it_is_back(privat
             private_services.pg.start()
         if master is not None:
             master.stop()
+
+
+def policy_of(pid: int, tid: int) -> int:
+    """A thread's scheduling policy (field 41 of /proc/PID/task/TID/stat; 3: SCHED_BATCH)."""
+    stat = Path(f"/proc/{pid}/task/{tid}/stat").read_text()
+    return int(stat.rsplit(")", 1)[1].split()[38])
+
+
+def test_batch_workers_run_every_thread_under_sched_batch(services, tmp_path_factory):
+    master = Master(services, tmp_path_factory.mktemp("batch-home"), workers=2, worker_sched="batch").start()
+    try:
+        assert requests.get(master.base + "/ready", timeout=5).status_code == 200
+        for worker in master.worker_pids():
+            policies = {tid: policy_of(worker, int(tid)) for tid in os.listdir(f"/proc/{worker}/task")}
+            assert set(policies.values()) == {os.SCHED_BATCH}, policies
+        assert policy_of(master.proc.pid, master.proc.pid) == os.SCHED_OTHER    # the master keeps its policy
+    finally:
+        master.stop()
