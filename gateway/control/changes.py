@@ -99,11 +99,13 @@ class Changes:
         raise unavailable("store_unavailable", "the gateway's store cannot be reached")
 
     @contextmanager
-    def change(self, action: str, kind: str, name: str) -> Iterator[store.Cursor]:
+    def change(self, action: str, kind: str, name: str, new: bool = False) -> Iterator[store.Cursor]:
         """A write transaction that bumps the generation and records the audit entry (who,
-        what, before, after) in the same commit; announces to the fleet after it."""
+        what, before, after) in the same commit; announces to the fleet after it. ``new``: the
+        change inserts the object, so there is no "before" to read (if one exists, the insert
+        fails and nothing is recorded)."""
         with self.cursor() as cur:
-            before = store.snapshot(cur, kind, name)
+            before = None if new else store.snapshot(cur, kind, name)
             yield cur
             after = store.snapshot(cur, kind, name)
             changed = after or before   # the object's id, for the workers' incremental apply

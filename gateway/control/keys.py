@@ -130,7 +130,7 @@ class Keys:
         expires = expires_at(body)
         secret, prefix = crypto.new_api_secret()
         try:
-            with self._changes.change("create", "key", name) as cur:
+            with self._changes.change("create", "key", name, new=True) as cur:
                 store.insert_key(cur, name, prefix, crypto.digest(secret), grants, expires)
                 row = self._row(cur, name)   # the answer, read in the change's own transaction
         except psycopg2.errors.UniqueViolation:
