@@ -36,7 +36,7 @@ def publish(run_dir: Path, docs: Path = DOCS) -> Path:
 def _pace(settings: dict) -> str:
     rate = settings.get('rate')
     if not rate:
-        return 'as soon as the last answer was read (a closed loop: its latency includes the queue it builds)'
+        return 'as soon as the last answer was read'
     return (f'on a fixed schedule, {rate:,.0f} calls/s in all (one every {settings.get("clients", 1) / rate * 1000:.1f} '
             'ms a client), each call timed from when it was due, so a stall shows in every call due during it '
             '(no coordinated omission)')
