@@ -8,6 +8,8 @@ docs/bench/ cite are kept beside them, in docs/bench/raw/. Target logs and homes
 from __future__ import annotations
 
 import json
+import shutil
+from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
 
@@ -50,3 +52,17 @@ def write_report(run_dir: Path, render) -> Path:
     path = Path(run_dir) / 'results.md'
     path.write_text(render(meta, runs))
     return path
+
+
+def publish(run_dir: Path, docs: Path, render, page_name: Callable[[dict], str]) -> Path:
+    """Keep a block's run beside the reports (``docs/raw/<folder>/``: meta.json, results.jsonl, results.md) and
+    write its page ``docs/<page_name(meta)>``, rendered with links to that copy; returns the page."""
+    run_dir = Path(run_dir)
+    raw = docs / 'raw' / run_dir.name
+    raw.mkdir(parents=True, exist_ok=True)
+    for name in ('meta.json', 'results.jsonl', 'results.md'):
+        shutil.copy(run_dir / name, raw / name)
+    meta, runs = load(run_dir)
+    page = docs / page_name(meta)
+    page.write_text(render(meta, runs, raw=f'raw/{run_dir.name}/'))
+    return page

@@ -4,7 +4,6 @@ round), then what a hit costs the gateway, the purge and write timings, and the 
 targets (loadtests/blocks/oltp/render.py)."""
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 from ... import rundir
@@ -23,15 +22,7 @@ def write(run_dir: Path) -> Path:
 
 def publish(run_dir: Path, docs: Path = DOCS) -> Path:
     """Keep the run beside the reports (docs/bench/raw/<folder>/) and write docs/bench/<date>-cache.md."""
-    run_dir = Path(run_dir)
-    raw = docs / 'raw' / run_dir.name
-    raw.mkdir(parents=True, exist_ok=True)
-    for name in ('meta.json', 'results.jsonl', 'results.md'):
-        shutil.copy(run_dir / name, raw / name)
-    meta, runs = rundir.load(run_dir)
-    page = docs / f'{(meta.get("started_at") or "undated")[:10]}-cache.md'
-    page.write_text(render(meta, runs, raw=f'raw/{run_dir.name}/'))
-    return page
+    return rundir.publish(run_dir, docs, render, lambda meta: f'{(meta.get("started_at") or "undated")[:10]}-cache.md')
 
 
 def render(meta: dict, runs: list[dict], raw: str | None = None) -> str:

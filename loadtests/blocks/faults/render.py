@@ -3,7 +3,6 @@ saw, how long until they saw only checked 200s again, the latency in the fault's
 fault in detail, the method and the machine. A run in which any client got a wrong body or a 500 is marked FAILED."""
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 from ... import rundir
@@ -19,18 +18,14 @@ def write(run_dir: Path) -> Path:
 def publish(run_dir: Path, docs: Path = DOCS) -> Path:
     """Keep the run beside the reports (docs/bench/raw/<folder>/) and write docs/bench/<date>-faults.md
     (<date>-faults-direct.md for a run with the clients straight to the masters, -paced for a paced load)."""
-    run_dir = Path(run_dir)
-    raw = docs / 'raw' / run_dir.name
-    raw.mkdir(parents=True, exist_ok=True)
-    for name in ('meta.json', 'results.jsonl', 'results.md'):
-        shutil.copy(run_dir / name, raw / name)
-    meta, runs = rundir.load(run_dir)
+    return rundir.publish(run_dir, docs, render, _page_name)
+
+
+def _page_name(meta: dict) -> str:
     settings = meta.get('settings', {})
     direct = '-direct' if settings.get('via') == 'direct' else ''
     paced = '-paced' if settings.get('rate') else ''
-    page = docs / f'{(meta.get("started_at") or "undated")[:10]}-faults{direct}{paced}.md'
-    page.write_text(render(meta, runs, raw=f'raw/{run_dir.name}/'))
-    return page
+    return f'{(meta.get("started_at") or "undated")[:10]}-faults{direct}{paced}.md'
 
 
 def _pace(settings: dict) -> str:
