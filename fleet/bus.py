@@ -77,6 +77,11 @@ local live, alive = 0, redis.call('HVALS', KEYS[1])
 for i = 1, #alive do if tonumber(alive[i]) > now then live = live + 1 end end
 return live
 """
+# The catalog bus's heartbeat also writes the worker's last ack (ARGV[3]) again if it is gone
+# (pruned while the worker was stalled): an ack is written once per generation reached, and a
+# message the worker already passed writes none.
+_BUS_HEARTBEAT = _HEARTBEAT.replace("local live, alive", "if tonumber(ARGV[3]) > 0 then "
+                                    "redis.call('HSETNX', KEYS[2], ARGV[1], ARGV[3]) end\nlocal live, alive", 1)
 # The live workers and the lowest generation all of them acknowledged (-1: none is live); prunes
 # long-dead entries. One poll answers every call waiting in a process (see RedisBus.announce).
 _LOWEST_ACK = """
@@ -136,7 +141,7 @@ class RedisBus:
         self._ping_s = ping_ms / 1000
         self._sync_timeout_s = sync_timeout_ms / 1000
         self._redis = self._link.client(0.5, health_check_interval=0)
-        self._heartbeat = self._redis.register_script(_HEARTBEAT)
+        self._heartbeat = self._redis.register_script(_BUS_HEARTBEAT)
         self._pending = self._redis.register_script(_PENDING)
         self._lowest_ack = self._redis.register_script(_LOWEST_ACK)
         self._worker = worker_id()
@@ -197,7 +202,8 @@ class RedisBus:
 
     def _ping(self, pubsub: redis.client.PubSub) -> float:
         sent = time.monotonic()
-        self.live_workers = int(self._heartbeat(keys=[ALIVE], args=[self._worker, int(self._lease_s * 1000)]))
+        self.live_workers = int(self._heartbeat(keys=[ALIVE, ACKS],
+                                                args=[self._worker, int(self._lease_s * 1000), self._acked]))
         pubsub.ping()
         return sent
 
