@@ -60,6 +60,14 @@ def render(meta: dict, runs: list[dict]) -> str:
             out.append(f'  - the other {par["keys"]:,} from {par["clients"]} connections at once: {par["seconds"]:.1f} s '
                        f'({par["keys"] / max(par["seconds"], 1e-9):.0f}/s); per call p50 '
                        f'{_ms(par["latency_ms"].get("50"))} ms, p99 {_ms(par["latency_ms"].get("99"))} ms.')
+        for label, part in (('one after another', seq), ('at once', par)):
+            cost = part.get('per_key')
+            if cost and part['keys']:
+                commands = ', '.join(f'{n} {c:g}' for n, c in sorted(cost['redis_by_command'].items(),
+                                                                   key=lambda item: -item[1])[:6])
+                out.append(f'  - per key {label}: {cost["gateway_cpu_ms"]:g} ms of gateway CPU (master and every '
+                           f'worker), {cost["redis_commands"]:g} Redis commands ({commands}), '
+                           f'{cost["store_transactions"]} store transactions (the workers\' reads included)')
     if queries:
         out.append(f'- {queries["api_queries"]:,} saved queries through the API in {queries["api_seconds"]:.1f} s '
                    f'(p50 {_ms(queries["api_latency_ms"].get("50"))} ms each: PostgreSQL\'s parser and the analysis '
