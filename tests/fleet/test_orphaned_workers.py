@@ -37,8 +37,11 @@ CLIENTS = 16
 BURST = 48
 IDLE_POOL = 8      # idle keep-alive connections straight to the victim's port
 # An orphan finishes the calls it holds (milliseconds), closes its parts (the run history is
-# stored) and exits: 0.26-1.20 s measured at a load average of 9-22 on 2 cores.
-ORPHAN_EXIT_S = 1.8
+# stored) and exits: 0.26-1.20 s measured at a load average of 9-22 on 2 cores, 2.10 s once in
+# a full suite run beside another engineer's benchmark. The bound is there to catch orphans that
+# linger for a keep-alive or graceful timeout (the issue measured 4.4-10.5 s); IDLE_CLOSED_S is
+# the sharp assertion (2.0 s before the orphan's own exit, 0.02 s with it).
+ORPHAN_EXIT_S = 4.0
 IDLE_CLOSED_S = 0.5        # an idle kept-alive connection is closed within this of the kill
 BIND_WAIT_MAX_S = 1.5      # the new master's wait for the port (fleet/listen.py BIND_WAIT_S = 10)
 SAMPLE_S = 0.005
