@@ -11,7 +11,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from .procs import running, wait_gone
-from .util import ROOT, wait_until
+from .util import ROOT, claim_ports, wait_until
 
 LEASE_MS = 100
 WORKERS = 4
@@ -31,7 +31,8 @@ def three_free_ports() -> int:
                     probe.bind(("127.0.0.1", port))
         except OSError:
             continue
-        return base
+        if claim_ports(base, base + 1, base + 2):
+            return base
     raise RuntimeError("no three consecutive free ports")
 
 

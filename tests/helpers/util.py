@@ -23,10 +23,29 @@ def unique(prefix: str) -> str:
     return f"{prefix}_{uuid.uuid4().hex[:10]}"
 
 
+_HANDED_OUT: set[int] = set()
+
+
 def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    """A port free now and not handed out before in this process: the kernel may give one port
+    to two binds in a row, and two masters made at once then bound the same port (each binds
+    before it listens, fleet/listen.py) and the second failed to boot with EADDRINUSE."""
+    for _ in range(100):
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        if port not in _HANDED_OUT:
+            _HANDED_OUT.add(port)
+            return port
+    raise RuntimeError("no free port that was not handed out already")
+
+
+def claim_ports(*ports: int) -> bool:
+    """Mark ``ports`` handed out; False (nothing marked) when one of them already was."""
+    if _HANDED_OUT.intersection(ports):
+        return False
+    _HANDED_OUT.update(ports)
+    return True
 
 
 def wait_until(predicate, timeout_s: float, interval_s: float = 0.05, what: str = "condition"):
