@@ -77,8 +77,10 @@ def parse_args(argv=None):
     parser.add_argument('--recycle-window', type=float, default=15.0,
                         help='seconds of load on the max_requests fleet (default 15)')
     parser.add_argument('--max-id', type=int, default=100_000, help='aids drawn from 1..N (default 100,000)')
-    parser.add_argument('--base-port', type=int, default=55100,
-                        help='PostgreSQL here, Redis +1, nginx +10, the masters +11 and +12 (default 55100)')
+    # Below Linux's ephemeral range (32768-60999): a port in it can be held by any outgoing connection's
+    # local end, and PostgreSQL then fails to bind it ("Address already in use").
+    parser.add_argument('--base-port', type=int, default=25100,
+                        help='PostgreSQL here, Redis +1, nginx +10, the masters +11 and +12 (default 25100)')
     parser.add_argument('--out', type=Path, default=rundir.RESULTS)
     parser.add_argument('--publish', action='store_true',
                         help='copy the run to docs/bench/raw/ and write docs/bench/<date>-faults[-direct].md')
