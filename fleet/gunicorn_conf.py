@@ -30,7 +30,7 @@ if TYPE_CHECKING:
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from fleet.boot import lower_priority, preload_libraries, restore_priority  # noqa: E402
+from fleet.boot import preload_libraries  # noqa: E402
 from fleet.listen import make_unlistened, start_listening  # noqa: E402
 from fleet.slots import Slots  # noqa: E402
 from gateway.settings import Settings  # noqa: E402
@@ -121,10 +121,6 @@ def _stop_with_the_master(master_pid: int) -> None:
 def post_fork(server: Arbiter, worker: Worker) -> None:
     if sys.platform.startswith("linux"):
         _stop_with_the_master(server.pid)
-        # Boot on idle CPU first, not on the serving sibling's (fleet/boot.py); restored in post_worker_init.
-        worker.gw_boot_nice = lower_priority(_settings.boot_nice)
-        if _settings.worker_sched == "batch":   # inherited by every thread the worker starts
-            os.sched_setscheduler(0, os.SCHED_BATCH, os.sched_param(0))
     cpu = getattr(worker, "gw_cpu", None)
     if cpu is not None:
         os.sched_setaffinity(0, {cpu})
@@ -140,9 +136,7 @@ def on_starting(server: Arbiter) -> None:
 def post_worker_init(worker: Worker) -> None:
     """/ready answers 503 from the moment this worker starts draining (SIGTERM, reload), and
     its /events streams end (else each would hold the worker until the graceful timeout).
-    The application is loaded: the worker serves at its full priority again, and the port may
-    take connections (fleet/listen.py)."""
-    restore_priority(getattr(worker, "gw_boot_nice", None))
+    The application is loaded: the port may take connections (fleet/listen.py)."""
     parts = getattr(worker.wsgi, "parts", None)
     if parts is not None:
         parts.ready.draining = lambda: not worker.alive

@@ -76,15 +76,6 @@ class Settings:
                              "a jitter of a tenth); 0: never. A recycled worker finishes what it holds; "
                              "with the `gthread` class workers recycle one at a time, each while a sibling "
                              "serves (with a single worker, calls wait while its replacement boots).")
-    boot_nice: int = _doc(10, "How much lower a booting worker's CPU priority is (its nice value raised "
-                          "by this while it loads the application, restored once it serves), so that a "
-                          "reload's or a recycle's new worker takes idle CPU rather than CPU from the "
-                          "sibling serving on its core; applied only where the worker may restore it "
-                          "(CAP_SYS_NICE or `RLIMIT_NICE`). 0: boot at the same priority.")
-    worker_sched: str = _doc("other", "Linux scheduling policy of the workers: `other` (the default "
-                             "policy) or `batch` (SCHED_BATCH: a worker woken by a call does not preempt "
-                             "the one running on its core, which finishes its turn; for several workers "
-                             "sharing a core, see docs/bench/2026-11-30-balance.md).")
     max_body_bytes: int = _doc(1_048_576, "Largest request body accepted; larger answers 413.")
     instance: str = _doc("", "Name of this gunicorn master inside the fleet (used for its "
                          "control socket and heartbeat files). Empty: derived from the bind port.")
@@ -216,8 +207,6 @@ class Settings:
             raise SystemExit("GATEWAY_CACHE_SHARED must be 'on' or 'off'")
         if self.concurrency_lease_ms < 300:
             raise SystemExit("GATEWAY_CONCURRENCY_LEASE_MS must be at least 300 (renewed every third of it)")
-        if self.worker_sched not in ("other", "batch"):
-            raise SystemExit("GATEWAY_WORKER_SCHED must be 'other' or 'batch'")
         if self.reuse_port not in ("auto", "on", "off"):
             raise SystemExit("GATEWAY_REUSE_PORT must be 'auto', 'on' or 'off'")
         for name in self.allowed_catalog_relations():

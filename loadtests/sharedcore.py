@@ -29,8 +29,6 @@ from . import system, targets, wrk
 LAYOUTS = {"1 worker": {"GATEWAY_WORKERS": "1"},
            "2 workers": {"GATEWAY_WORKERS": "2"},
            "4 workers": {"GATEWAY_WORKERS": "4"},
-           "2 workers batch": {"GATEWAY_WORKERS": "2", "GATEWAY_WORKER_SCHED": "batch"},
-           "4 workers batch": {"GATEWAY_WORKERS": "4", "GATEWAY_WORKER_SCHED": "batch"},
            "2 plain gthread": {"GATEWAY_WORKERS": "2",
                                "GATEWAY_WORKER_CLASS": "gunicorn.workers.gthread.ThreadWorker"},
            "4 plain gthread": {"GATEWAY_WORKERS": "4",
