@@ -156,35 +156,9 @@ def child(args: argparse.Namespace) -> None:
 
 
 # --- the driver -------------------------------------------------------------------------------------------
-def _recreate(pg_url: str, db: str) -> str:
-    import psycopg2
-    conn = psycopg2.connect(pg_url)
-    conn.autocommit = True
-    try:
-        with conn.cursor() as cur:
-            cur.execute(f'DROP DATABASE IF EXISTS "{db}" WITH (FORCE)')
-            cur.execute(f'CREATE DATABASE "{db}"')
-            cur.execute("SELECT 1 FROM pg_database WHERE datname = 'bench'")
-            if cur.fetchone() is None:
-                cur.execute("CREATE DATABASE bench")
-    finally:
-        conn.close()
-    data_url = pg_url.rsplit("/", 1)[0] + "/bench"
-    conn = psycopg2.connect(data_url)
-    conn.autocommit = True
-    try:
-        with conn.cursor() as cur:
-            cur.execute("CREATE TABLE IF NOT EXISTS pgbench_accounts (aid int PRIMARY KEY, bid int, abalance int, "
-                        "filler char(84))")
-            cur.execute("INSERT INTO pgbench_accounts SELECT g, 1 + g / 100000, 0, '' "
-                        "FROM generate_series(1, 1000) g ON CONFLICT DO NOTHING")
-    finally:
-        conn.close()
-    return pg_url.rsplit("/", 1)[0] + f"/{db}"
-
-
 def run_child(root: Path, index: int, args: argparse.Namespace, target: str, mode: str, calls: int,
               wrap: list[str]) -> dict:
+    from .callcost import _callgrind_ir, _recreate  # the driver's side only (the child runs this file as a script)
     store_url = _recreate(args.pg_url, f"cachecost_{index}")
     spec = json.dumps({"store_url": store_url, "redis_url": args.redis_url,
                        "data_url": args.pg_url.rsplit("/", 1)[0] + "/bench"})
@@ -204,13 +178,6 @@ def run_child(root: Path, index: int, args: argparse.Namespace, target: str, mod
             (main,) = Path(tmp).glob("callgrind.out*-01")
             result["value"] = _callgrind_ir(main)
         return result
-
-
-def _callgrind_ir(path: Path) -> int:
-    for line in path.read_text(errors="replace").splitlines():
-        if line.startswith("summary:") or line.startswith("totals:"):
-            return int(line.split()[1])
-    return 0
 
 
 def measure(root: Path, index: int, args: argparse.Namespace, target: str, what: str) -> str:
