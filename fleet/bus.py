@@ -82,44 +82,27 @@ return live
 # message the worker already passed writes none.
 _BUS_HEARTBEAT = _HEARTBEAT.replace("local live, alive", "if tonumber(ARGV[3]) > 0 then "
                                     "redis.call('HSETNX', KEYS[2], ARGV[1], ARGV[3]) end\nlocal live, alive", 1)
-# The live workers and the lowest generation all of them acknowledged (-1: none is live); prunes
-# long-dead entries. One poll answers every call waiting in a process (see RedisBus.announce).
-_LOWEST_ACK = """
+# The live workers, the lowest generation all of them acknowledged (-1: none is live), and those
+# that have not acknowledged ARGV[1] yet (0: none asked); prunes long-dead entries. The shared
+# poll of a management call (see RedisBus.announce) and the report of one that timed out.
+_ACKS = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local alive = redis.call('HGETALL', KEYS[1])
-local live, lowest = 0, -1
+local live, lowest, pending = 0, -1, {}
 for i = 1, #alive, 2 do
   local worker, expiry = alive[i], tonumber(alive[i + 1])
   if expiry > now then
     live = live + 1
     local ack = tonumber(redis.call('HGET', KEYS[2], worker) or '0')
     if lowest < 0 or ack < lowest then lowest = ack end
-  elseif expiry < now - 60000 then
-    redis.call('HDEL', KEYS[1], worker)
-    redis.call('HDEL', KEYS[2], worker)
-  end
-end
-return {live, lowest}
-"""
-# Which live workers have not yet acknowledged generation ARGV[1] (what a call that timed out reports).
-_PENDING = """
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local alive = redis.call('HGETALL', KEYS[1])
-local pending, live = {}, 0
-for i = 1, #alive, 2 do
-  local worker, expiry = alive[i], tonumber(alive[i + 1])
-  if expiry > now then
-    live = live + 1
-    local ack = tonumber(redis.call('HGET', KEYS[2], worker) or '0')
     if ack < tonumber(ARGV[1]) then pending[#pending + 1] = worker end
   elseif expiry < now - 60000 then
     redis.call('HDEL', KEYS[1], worker)
     redis.call('HDEL', KEYS[2], worker)
   end
 end
-return {live, pending}
+return {live, lowest, pending}
 """
 
 
@@ -142,8 +125,7 @@ class RedisBus:
         self._sync_timeout_s = sync_timeout_ms / 1000
         self._redis = self._link.client(0.5, health_check_interval=0)
         self._heartbeat = self._redis.register_script(_BUS_HEARTBEAT)
-        self._pending = self._redis.register_script(_PENDING)
-        self._lowest_ack = self._redis.register_script(_LOWEST_ACK)
+        self._acks = self._redis.register_script(_ACKS)
         self._worker = worker_id()
         self._acked = 0            # the generation this worker last acknowledged (bus thread only)
         # The management side's shared wait: the lowest generation every live worker had
@@ -232,7 +214,7 @@ class RedisBus:
         deadline = started + self._sync_timeout_s
         try:
             live = self._wait_acks(generation, published, deadline)
-            pending: list = [] if live is not None else self._pending(keys=[ALIVE, ACKS], args=[generation])[1]
+            pending: list = [] if live is not None else self._acks(keys=[ALIVE, ACKS], args=[generation])[2]
         except redis.RedisError:
             time.sleep(self._lease_s + self._ping_s)
             return {"workers": None, "waited_ms": (time.monotonic() - started) * 1000, "degraded": True}
@@ -265,7 +247,7 @@ class RedisBus:
             delay = 0.0005
             while True:
                 polled_at = time.monotonic()
-                live, lowest = self._lowest_ack(keys=[ALIVE, ACKS])
+                live, lowest, _ = self._acks(keys=[ALIVE, ACKS], args=[0])
                 if lowest < 0:   # no live worker: none serves the old state
                     lowest = generation
                 with self._waits:

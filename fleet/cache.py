@@ -35,7 +35,7 @@ import redis.client
 
 from gateway.cache.entry import seal, unseal
 
-from .bus import _HEARTBEAT, _PENDING, worker_id
+from .bus import _ACKS, _HEARTBEAT, worker_id
 from .redis_client import RedisLink, listen
 
 if TYPE_CHECKING:
@@ -185,7 +185,7 @@ class RedisCacheSync:
         self._sync_timeout_s = sync_timeout_ms / 1000
         self._redis = self._link.client(0.5, health_check_interval=0)
         self._heartbeat = self._redis.register_script(_HEARTBEAT)
-        self._pending = self._redis.register_script(_PENDING)
+        self._acks = self._redis.register_script(_ACKS)
         # One per cache (not per process): apps in one process (tests) must not ack for each other.
         self._worker = f"{worker_id()}/{os.urandom(3).hex()}"
         self._stop = threading.Event()
@@ -279,7 +279,7 @@ class RedisCacheSync:
         delay = 0.0005
         while True:
             try:
-                live, pending = self._pending(keys=[ALIVE, ACKS], args=[seq])
+                live, _, pending = self._acks(keys=[ALIVE, ACKS], args=[seq])
             except redis.RedisError:
                 return {"workers": None, "waited_ms": (time.monotonic() - started) * 1000, "degraded": True}
             if not pending or time.monotonic() >= deadline:

@@ -38,7 +38,7 @@ def test_concurrent_calls_each_wait_for_their_own_generation(fleet_redis, monkey
     polls = []
     in_flight = [0, 0]   # now, most at once
     count_lock = threading.Lock()
-    script = announcer._lowest_ack
+    script = announcer._acks
 
     def counted(*args, **kwargs):
         with count_lock:
@@ -51,7 +51,7 @@ def test_concurrent_calls_each_wait_for_their_own_generation(fleet_redis, monkey
         finally:
             with count_lock:
                 in_flight[0] -= 1
-    monkeypatch.setattr(announcer, "_lowest_ack", counted)
+    monkeypatch.setattr(announcer, "_acks", counted)
     done: dict = {}
 
     def call(generation: int) -> None:
