@@ -150,12 +150,9 @@ class RunningCalls:
         share = max(1, maximum // max(1, self._workers_hint()))
         with self._lock:
             running = self._local.get(key_id, 0)
-            if running >= share:
-                refused = True
-            else:
-                refused = False
+            if running < share:
                 self._local[key_id] = running + 1
-        if refused:
+        if running >= share:
             self._degraded.refused += 1
             raise too_many_concurrent(maximum)
         self._degraded.admitted += 1
