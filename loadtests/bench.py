@@ -42,6 +42,7 @@ from . import blocks, peer, report, rundir, system, targets, wrk
 from .harness import (
     WARMUP_CONNECTIONS,
     Block,
+    add_data_source,
     collect_versions,
     ensure_data,
     local_postgres,
@@ -62,14 +63,7 @@ def parse_args(argv=None):
     parser.add_argument('--block', choices=blocks.FRAMED, default='oltp',
                         help='the block (loadtests/blocks/<name>/); scaleout, openloop and oha: `python -m '
                              'loadtests.bench NAME --help`')
-    parser.add_argument('--database-url',
-                        help='postgresql:// URL of the data database (demo, with pgbench_accounts); the targets\' '
-                             'stores are created on the same server (needs CREATE DATABASE)')
-    parser.add_argument('--local-pg', type=Path, metavar='HOME',
-                        help='instead of --database-url: a PostgreSQL of fleet.local.LocalPostgres under HOME '
-                             '(started if needed, stopped at the end if the harness started it), its demo database '
-                             'filled by fleet.local.demo.create_demo_data')
-    parser.add_argument('--local-pg-port', type=int, default=54510)
+    add_data_source(parser, local_pg_port=54510)
     parser.add_argument('--targets', default='peer,gateway',
                         help='comma list of: peer (QueryAPIGate 0.43.0), gateway (ours), base (ours from --base-root: '
                              'an older build in the same run). Default: peer,gateway')
@@ -102,8 +96,6 @@ def parse_args(argv=None):
     parser.add_argument('--base-port', type=int, default=18003)
     parser.add_argument('--keep-stores', action='store_true',
                         help='reuse the targets\' store databases instead of recreating them empty')
-    parser.add_argument('--create-data', action='store_true',
-                        help='if pgbench_accounts is missing, create it with fleet.local.demo.create_demo_data')
     parser.add_argument('--changes', type=int, default=200,
                         help='sync block: management changes per run (default 200)')
     parser.add_argument('--sync-workers', type=int, default=4, help='sync block: GATEWAY_WORKERS (default 4)')

@@ -325,6 +325,20 @@ def _demo_table(args) -> dict:
     return system.check_demo_table(args.database_url)
 
 
+def add_data_source(parser, local_pg_port: int) -> None:
+    """The options every block reads its data database from (``local_postgres`` uses them)."""
+    parser.add_argument('--database-url',
+                        help='postgresql:// URL of the data database (demo, with pgbench_accounts); the targets\' '
+                             'stores are created on the same server (needs CREATE DATABASE)')
+    parser.add_argument('--local-pg', type=Path, metavar='HOME',
+                        help='instead of --database-url: a PostgreSQL of fleet.local.LocalPostgres under HOME '
+                             '(started if needed, stopped at the end if the harness started it), its demo database '
+                             'filled by fleet.local.demo.create_demo_data')
+    parser.add_argument('--local-pg-port', type=int, default=local_pg_port)
+    parser.add_argument('--create-data', action='store_true',
+                        help='if pgbench_accounts is missing, create it with fleet.local.demo.create_demo_data')
+
+
 def start_local_pg(args):
     """fleet.local's PostgreSQL, as the gateway's embedded default runs it; returns it if the harness started it
     (so it stops it at the end), None if it was already running."""

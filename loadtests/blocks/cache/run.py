@@ -52,6 +52,7 @@ from ...harness import (
     Block,
     Frozen,
     WorkerCpu,
+    add_data_source,
     collect_versions,
     ensure_data,
     floor,
@@ -77,12 +78,7 @@ DEPOSIT = 'deposit'
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(prog='python -m loadtests.bench cache', description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument('--database-url', help='postgresql:// URL of the data database (demo, with pgbench_accounts); '
-                        'the stores are created on the same server')
-    parser.add_argument('--local-pg', type=Path, metavar='HOME',
-                        help='instead of --database-url: a PostgreSQL of fleet.local under HOME (started if needed)')
-    parser.add_argument('--local-pg-port', type=int, default=54530)
-    parser.add_argument('--create-data', action='store_true')
+    add_data_source(parser, local_pg_port=54530)
     parser.add_argument('--rounds', type=int, default=5)
     parser.add_argument('--duration', type=float, default=10, help='seconds per wrk run (default 10)')
     parser.add_argument('--connections', default='32,1', help='wrk -c values, one cell each (default 32,1)')

@@ -45,7 +45,16 @@ from pathlib import Path
 import psycopg2
 
 from ... import rundir, system, targets
-from ...harness import ensure_data, local_postgres, log, now_iso, pin_postgres, require_clean_tree, rotated
+from ...harness import (
+    add_data_source,
+    ensure_data,
+    local_postgres,
+    log,
+    now_iso,
+    pin_postgres,
+    require_clean_tree,
+    rotated,
+)
 from ...stats import summary
 from ..sync.run import wait_workers
 from .render import write as write_report
@@ -431,10 +440,7 @@ def _pct(values, q):
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog='python -m loadtests.bench controlplane', description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument('--database-url', default=None, help='a PostgreSQL with the demo data (or --local-pg)')
-    parser.add_argument('--local-pg', type=Path, metavar='HOME', help="fleet.local's PostgreSQL under HOME")
-    parser.add_argument('--local-pg-port', type=int, default=54510)
-    parser.add_argument('--create-data', action='store_true')
+    add_data_source(parser, local_pg_port=54510)
     parser.add_argument('--keys', type=int, default=10_000)
     parser.add_argument('--sequential-keys', type=int, default=1_000,
                         help='of --keys, how many one after another (the rest from --key-clients at once)')

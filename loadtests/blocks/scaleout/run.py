@@ -46,6 +46,7 @@ from ...harness import (
     Block,
     Frozen,
     WorkerShares,
+    add_data_source,
     collect_versions,
     ensure_data,
     local_postgres,
@@ -297,11 +298,7 @@ def floor(block: Block, servers: list[Server], phase: str, args, live: list[Serv
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(prog='python -m loadtests.bench scaleout', description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument('--database-url', help='postgresql:// URL of the data database (demo, with pgbench_accounts); '
-                        'the stores gwstore and qagstore are recreated on the same server')
-    parser.add_argument('--local-pg', type=Path, metavar='HOME',
-                        help="instead of --database-url: fleet.local's PostgreSQL under HOME (as loadtests.bench)")
-    parser.add_argument('--local-pg-port', type=int, default=54520)
+    add_data_source(parser, local_pg_port=54520)
     parser.add_argument('--targets', default='gateway,peer', help='comma list of gateway, peer (default both)')
     parser.add_argument('--max-workers', type=int, default=0,
                         help='largest worker count (default: the CPUs this process may use)')
@@ -329,7 +326,6 @@ def parse_args(argv=None):
     parser.add_argument('--redis-url', default=None, help='default: a throwaway redis-server started here')
     parser.add_argument('--redis-port', type=int, default=18380)
     parser.add_argument('--gateway-root', type=Path, default=REPO)
-    parser.add_argument('--create-data', action='store_true')
     parser.add_argument('--no-plots', action='store_true', help='skip the PNG plots')
     parser.add_argument('--allow-dirty', action='store_true',
                         help='run from a tree with uncommitted changes (a smoke run; such numbers are not a result)')
