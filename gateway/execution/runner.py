@@ -285,6 +285,11 @@ def _batches(pool: SessionPool, session: Session, cur: psycopg2.extensions.curso
             rows = cur.fetchmany(fetch_rows)
         cur.close()
         broken = False
+    except psycopg2.Error as exc:
+        # Rows were sent already: the caller's stream is cut (gateway.pipeline logs why, with
+        # the request id); the server's text, which can quote values, goes no further than that.
+        broken = _is_broken(exc)
+        raise translate(exc) from None
     finally:
         # A client that hangs up mid-stream closes the generator: the transaction is rolled back.
         _end_stream(pool, session, broken)
@@ -329,6 +334,20 @@ def translate(exc: psycopg2.Error) -> GatewayError:
     # its condition name, the log gets the message, with the request id.
     code = exc.pgcode or "XX000"
     condition = (psycopg2.errorcodes.lookup(code) or "error").lower() if exc.pgcode else "error"
-    message = (exc.diag.message_primary or str(exc)).strip() if exc.diag else str(exc).strip()
     return bad_request("query_failed", f"the database rejected the statement ({condition}, SQLSTATE {code})",
-                       sqlstate=code, condition=condition).with_detail(message)
+                       sqlstate=code, condition=condition).with_detail(server_message(exc))
+
+
+def server_message(exc: psycopg2.Error) -> str:
+    """The server's whole report, for the log: the message and its DETAIL (a constraint's
+    ``Key (email)=(...) already exists``), HINT and CONTEXT (a function's RAISE), each of
+    which can quote values; never for the caller."""
+    diag = exc.diag
+    primary = diag.message_primary if diag else None
+    if not primary:
+        return str(exc).strip()
+    parts = [primary.strip()]
+    for label, text in (("DETAIL", diag.message_detail), ("HINT", diag.message_hint), ("CONTEXT", diag.context)):
+        if text:
+            parts.append(f"{label}: {text.strip()}")
+    return "\n".join(parts)

@@ -18,6 +18,7 @@ An entry point (``saved.SavedCall``, ``adhoc.AdHocCall``) supplies only what dif
 """
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
@@ -30,6 +31,9 @@ from .cached import purge_summary, send_cached
 from .identify import AdminIdentity, identify
 from .plans import plan_for
 from .shape import send_page, send_stream
+
+log = logging.getLogger("gateway")
+MAX_LOGGED = 2000   # as gateway.http.errors bounds a logged detail
 
 if TYPE_CHECKING:
     import falcon
@@ -108,7 +112,7 @@ class Pipeline:
             rows: int | None
             status = 200
             if args.stream:                                                     # 5 execute, 6 shape
-                self._stream(resp, call, subject, bound, args, plan, pool, timeout_ms, key)
+                self._stream(resp, call, subject, bound, args, plan, pool, timeout_ms, key, request_id)
                 rows = None   # charged batch by batch as they are sent; the history records none
                 if place is not None:   # the stream holds the place until its last row (or the client leaves)
                     resp.stream = _LeaveAfter(resp.stream, admission, key, place)
@@ -145,11 +149,12 @@ class Pipeline:
                 admission.leave(key, place)  # type: ignore[arg-type]  # a place is only taken with a key
 
     def _stream(self, resp: falcon.Response, call: EntryPoint, subject: Any, bound: Any, args: CallArgs,
-                plan: CallPlan, pool: SessionPool, timeout_ms: int | None, key: ApiKey) -> None:
+                plan: CallPlan, pool: SessionPool, timeout_ms: int | None, key: ApiKey, request_id: str) -> None:
         """A stream's rows are charged batch by batch as they are sent (the history records
         none: they are not all known when the call is recorded)."""
         text = call.stream_text(subject, bound)
         columns, batches = runner.stream(pool, text, timeout_ms, self._settings.stream_fetch_rows)
+        batches = _logged(batches, request_id)
         limit = self._admission.rows_left(key)
         if plan.max_rows is not None:
             limit = plan.max_rows if limit is None else min(limit, plan.max_rows)
@@ -157,6 +162,21 @@ class Pipeline:
         send_stream(resp, args, plan, columns, batches, limit, lambda rows: admission.settle(key, rows))
         return None
 
+
+
+def _logged(batches: runner.Batches, request_id: str) -> runner.Batches:
+    """A stream that fails after its first rows were sent cannot answer with an error body:
+    the server cuts it. Its cause goes to the log here, under the request id, as an error
+    before the rows does (``gateway.http.errors``); what propagates carries no server text."""
+    try:
+        yield from batches
+    except GatewayError as exc:
+        if exc.detail:
+            log.warning("request %s: %s (the stream was cut after rows were sent): %s", request_id, exc.code,
+                        exc.detail[:MAX_LOGGED])
+        raise GatewayError(exc.status, exc.code, exc.message, extra=exc.extra) from None
+    finally:
+        batches.close()
 
 
 class _LeaveAfter:

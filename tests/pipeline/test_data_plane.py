@@ -151,6 +151,43 @@ def test_database_errors_never_echo_values(api, demo_connection, superuser, capl
     assert any(got.json["request_id"] in r.getMessage() and email in r.getMessage() for r in caplog.records)
 
 
+def test_no_error_path_echoes_the_servers_text(api, demo_connection, superuser, make_app, caplog):
+    """A function's RAISE (message, DETAIL, HINT, CONTEXT), a constraint's DETAIL quoting the
+    key (``Key (e)=(alan...) already exists``) on a granted write, saved and ad hoc: the
+    caller gets the SQLSTATE and a generic message only; the log gets all of it, with the
+    request id (before, only the first line was logged)."""
+    email = superuser("SELECT email FROM customers WHERE id = 1", db="demo")[0][0]
+    function, table = unique("boom").lower(), unique("uniq").lower()
+    superuser(f"""CREATE FUNCTION {function}(t text) RETURNS int LANGUAGE plpgsql AS $$
+                  BEGIN RAISE NOTICE 'notice %%', t;
+                        RAISE EXCEPTION 'exc %%', t USING DETAIL = 'detail ' || t, HINT = 'hint ' || t; END $$;
+                  CREATE TABLE {table} (e text UNIQUE); INSERT INTO {table} VALUES ('{email}');""", db="demo")
+    raising = api.query(f"SELECT {function}(email) AS x FROM customers WHERE id = 1", connection=demo_connection)
+    duplicate = api.query(f"INSERT INTO {table} SELECT email FROM customers WHERE id = 1",
+                          connection=demo_connection)
+    secret = api.key([raising, duplicate], [demo_connection], allow_writes=True)
+    client = falcon.testing.TestClient(make_app(sync=LocalSync(), allow_writes=True))
+    replies = [client.simulate_get(f"/q/{raising}", headers={"X-API-Key": secret}),
+               client.simulate_post(f"/q/{duplicate}", json={}, headers={"X-API-Key": secret})]
+    for sql in (f"SELECT {function}(email) AS x FROM customers WHERE id = 1",
+                f"INSERT INTO {table} SELECT email FROM customers WHERE id = 1"):
+        replies.append(client.simulate_post("/execute_sql", headers={"X-API-Key": secret},
+                                            json={"sql": sql, "connection_name": demo_connection}))
+    wanted = ["P0001", "23505", "P0001", "23505"]
+    for reply, sqlstate in zip(replies, wanted, strict=True):
+        assert reply.status_code == 400 and reply.json["code"] == "query_failed", reply.text
+        assert reply.json["sqlstate"] == sqlstate, reply.text
+        for word in (email, email.split("@")[0], "exc ", "detail", "hint", "notice", "already exists", "Key ("):
+            assert word not in reply.text, (word, reply.text)
+        logged = [r.getMessage() for r in caplog.records if reply.json["request_id"] in r.getMessage()]
+        assert logged and all(email in m for m in logged), logged
+        if sqlstate == "P0001":
+            assert "DETAIL: detail " + email in logged[0] and "HINT: hint " + email in logged[0], logged
+            assert "CONTEXT: PL/pgSQL function" in logged[0], logged
+        else:
+            assert f"DETAIL: Key (e)=({email}) already exists" in logged[0], logged
+
+
 def test_sessions_are_read_only(api, endpoint, superuser):
     # The analysis refuses what it sees (FOR UPDATE, writable CTEs...); the session is the
     # second line: a read that writes through a function is refused by PostgreSQL itself.

@@ -9,6 +9,7 @@ import pytest
 import requests
 
 from fleet.local.demo import ACCOUNTS
+from gateway.errors import GatewayError
 from helpers.procs import rss_kb
 
 SERIES = "SELECT g AS n, 'row ' || g AS label FROM generate_series(1, :total) AS g ORDER BY g"
@@ -61,6 +62,27 @@ def test_stream_errors_are_typed(api, endpoint):
     assert got.status == 504 and got.json["code"] == "query_timeout", got
     # The session went back to its pool in a usable state.
     assert api.call(ep.query, ep.secret, {"d": "1", "stream": "true", "format": "csv"}).text == "q\n1\n"
+
+
+def test_a_stream_that_fails_after_rows_were_sent_is_cut_without_the_servers_text(api, endpoint, superuser,
+                                                                                  caplog):
+    """The error comes after the first batch (2,000 rows) went out: no error body can follow,
+    the stream is cut; what propagates is the generic query_failed (no server text, which
+    here would quote a customer's email), and the log has the server's message with the
+    request id (before, PostgreSQL's exception left the stream with nothing logged under it)."""
+    email = superuser("SELECT email FROM customers WHERE id = 1", db="demo")[0][0]
+    ep = endpoint("SELECT g, CASE WHEN g < 4500 THEN g ELSE (SELECT email FROM customers WHERE id = 1)::int END "
+                  "AS q FROM generate_series(1, 5000) g")
+    with pytest.raises(GatewayError) as cut:
+        api.call(ep.query, ep.secret, {"stream": "true", "format": "ndjson"})
+    assert cut.value.code == "query_failed" and cut.value.extra == {"sqlstate": "22P02",
+                                                                     "condition": "invalid_text_representation"}
+    assert email not in str(cut.value) and not cut.value.detail and "invalid input" not in str(cut.value)
+    logged = [r.getMessage() for r in caplog.records if "the stream was cut" in r.getMessage()]
+    assert len(logged) == 1 and email in logged[0] and "request " in logged[0], logged
+    # The session went back to its pool in a usable state.
+    fine = endpoint("SELECT 1 AS one")
+    assert api.call(fine.query, fine.secret, {"stream": "true", "format": "csv"}).text == "one\n1\n"
 
 
 def test_a_write_cannot_be_streamed(api, endpoint):
