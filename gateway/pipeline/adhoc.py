@@ -4,7 +4,7 @@ schema read, and how it runs (each value a checked literal, see ``gateway.sql.bi
 
 The analysis is cached (``GATEWAY_ADHOC_CACHE`` entries), a refusal too, until the worker
 reads the connection's schema again; the key's plan for it is memoised with the catalog
-like a saved query's.
+like a saved query's, by the text and its analysis (a new analysis is planned anew).
 """
 from __future__ import annotations
 
@@ -13,6 +13,8 @@ import hashlib
 import threading
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
+
+import orjson
 
 from .. import governance, sql
 from ..errors import GatewayError, bad_request, not_found
@@ -89,7 +91,12 @@ class AdHocStatements:
                                           denied_functions=settings.denied_functions(),
                                           allowed_functions=settings.allowed_functions(),
                                           allowed_catalog_relations=settings.allowed_catalog_relations())
-            return AdHocStatement(statement, analysis, hashlib.sha256(text.encode()).hexdigest()[:16])
+            # The key's plan is memoised by this digest: of the text AND its analysis, so that
+            # once the schema is read again and the text means something else there (a table
+            # that now has children, a new operator), no plan made from the old analysis is used.
+            doc = orjson.dumps(analysis.to_doc(), option=orjson.OPT_SORT_KEYS)
+            digest = hashlib.sha256(text.encode() + b"\0" + doc).hexdigest()[:32]
+            return AdHocStatement(statement, analysis, digest)
         except GatewayError as exc:
             if exc.status >= 500:  # the schema could not be read: not the statement's fault
                 raise

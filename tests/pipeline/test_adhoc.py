@@ -80,6 +80,29 @@ def test_a_refusal_lasts_only_until_the_schema_is_read_again(api, demo_connectio
     assert got.status == 200 and got.json == [], got
 
 
+def test_a_plan_lasts_only_until_the_schema_is_read_again(api, demo_connection, superuser):
+    # The key's plan for an ad-hoc text is memoised; once the worker reads the connection's
+    # schema again and the text means something else there (a table now inherits from the one
+    # read, and the mask on the child applies through the parent), the plan is made anew:
+    # never the one planned from the old analysis.
+    parent, child = unique("people").lower(), unique("vip").lower()
+    superuser(f"CREATE TABLE {parent} (id int, email text)", db="demo")
+    superuser(f"CREATE TABLE {child} (id int, email text)", db="demo")
+    superuser(f"INSERT INTO {child} VALUES (1, 'vip.secret@example.com')", db="demo")
+    superuser(f"GRANT SELECT ON {parent}, {child} TO PUBLIC", db="demo")
+    secret = api.key([], [demo_connection], allowed_tables=[f"public.{parent}"],
+                     mask=[{"column": f"{child}.email", "action": "null"}])
+    body = {"sql": f"SELECT email FROM {parent}", "connection_name": demo_connection}
+    api.query("SELECT 1 AS one", connection=demo_connection)             # the worker reads the schema
+    first = api.adhoc(secret, body)
+    assert first.status == 200 and first.json == [], first                # planned: nothing to mask
+    superuser(f"ALTER TABLE {child} INHERIT {parent}", db="demo")
+    api.query("SELECT 1 AS one", connection=demo_connection)             # reads the schema afresh
+    got = api.adhoc(secret, body)
+    assert got.status == 200 and got.json == [{"email": None}], got       # the child's mask applies
+    assert "vip.secret" not in got.text
+
+
 def test_reserved_arguments_come_from_the_query_string_too(api, demo_connection):
     # The same reserved arguments as /q/<name>, from the query string or the body (the body
     # wins); a stream of an ad-hoc read binds its values as checked literals as well.
