@@ -235,8 +235,9 @@ class Settings:
         return tuple(p.strip() for p in self.allow_catalog_relations.split(",") if p.strip())
 
     def denied_functions(self) -> frozenset[str]:
-        from .governance import DEFAULT_DENIED
-        return DEFAULT_DENIED | {p.strip() for p in self.deny_functions.split(",") if p.strip()}
+        """The names added to the analysis's default deny list (``gateway.governance.policy``
+        joins the two: settings import nothing of the gateway)."""
+        return frozenset(p.strip() for p in self.deny_functions.split(",") if p.strip())
 
     def mask_key_bytes(self) -> bytes:
         import hashlib

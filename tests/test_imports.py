@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
+from helpers.imports import arrows, cycles
 from helpers.util import ROOT
 
 SKIP = {"fleet.gunicorn_conf"}   # a gunicorn config: importing it starts the embedded default
@@ -29,3 +31,118 @@ def test_every_module_imports_alone():
         if run.returncode:
             failed[name] = run.stderr.strip().splitlines()[-1]
     assert not failed, failed
+
+
+# --- the import rule (docs/architecture.md, "Layers and the import rule") --------------------
+# The layers of gateway/, lowest first: a module imports from its own layer and those below,
+# never from one above, whether at run time, inside a function or only for the type checker.
+# Every package and top-level module of gateway/ has its place here: a new one fails the test
+# until it is given one.
+LAYERS: list[tuple[str, frozenset[str]]] = [
+    ("kernel", frozenset({"gateway", "errors", "settings", "crypto"})),   # "gateway": its __init__ (__version__)
+    ("ports", frozenset({"ports"})),
+    ("parts", frozenset({"model", "sql", "governance", "execution", "store", "cache", "observe"})),
+    ("use cases", frozenset({"pipeline", "control"})),
+    ("http", frozenset({"http"})),
+    ("assembly", frozenset({"app"})),
+]
+RANK = {unit: rank for rank, (_, units) in enumerate(LAYERS) for unit in units}
+# Arrows allowed against the layers, each for a reason. Type-only: a port's signatures name the
+# model's values it is handed (Admission is given an ApiKey, Sync a CatalogHolder); at run time
+# ports.py imports only errors.
+TYPE_ONLY_EXCEPTIONS = {("ports", "model")}
+# What http/ may use below the use cases at run time: a resource reads the request and hands it
+# to a pipeline or a control service; it runs no stage itself (no runner, store, reader or
+# analysis). The typed errors, the metrics registry it exposes, the format table /openapi.json
+# lists and the JSON renderer of /api/v1/cache/entries are all it takes from below.
+HTTP_BELOW = {"gateway", "gateway.errors", "gateway.observe", "gateway.execution.formats"}
+OUTSIDE = {"fleet", "loadtests"}     # the product's two neighbours: gateway imports neither
+
+
+def unit_of(target: str, root: Path) -> str | None:
+    """The gateway unit (a subpackage or a top-level module) a dotted name lands in; None when
+    it is not gateway's."""
+    parts = target.split(".")
+    if parts[0] != "gateway":
+        return None
+    if len(parts) > 1 and ((root / "gateway" / parts[1]).is_dir() or (root / "gateway" / f"{parts[1]}.py").exists()):
+        return parts[1]
+    return "gateway"
+
+
+def violations(root: Path) -> list[str]:
+    """Every arrow of ``root/gateway`` against the import rule, and every runtime cycle
+    between its units, as readable lines."""
+    found = []
+    units = {p.stem for p in (root / "gateway").glob("*.py") if p.name != "__init__.py"} \
+        | {p.name for p in (root / "gateway").iterdir() if p.is_dir() and any(p.glob("*.py"))}
+    found += [f"gateway.{u} has no layer in LAYERS" for u in sorted(units - set(RANK))]
+    runtime: dict[str, set[str]] = {}
+    for arrow in arrows(root / "gateway"):
+        where = f"{arrow.source}:{arrow.line} imports {arrow.target}"
+        top = arrow.target.split(".")[0]
+        if top in OUTSIDE:
+            found.append(f"{where}: gateway imports nothing from {top}")
+            continue
+        source, target = unit_of(arrow.source, root), unit_of(arrow.target, root)
+        if target is None or source == target or source not in RANK or target not in RANK:
+            continue
+        if not arrow.type_only:
+            runtime.setdefault(source, set()).add(target)
+        if RANK[target] > RANK[source] and not (arrow.type_only and (source, target) in TYPE_ONLY_EXCEPTIONS):
+            found.append(f"{where}: {LAYERS[RANK[source]][0]} ({source}) may not import "
+                         f"{LAYERS[RANK[target]][0]} ({target})")
+        if source == "http" and not arrow.type_only and RANK[target] < RANK["pipeline"] \
+                and not any(arrow.target == m or arrow.target.startswith(m + ".") for m in HTTP_BELOW - {"gateway"}) \
+                and arrow.target not in ("gateway", "gateway.__version__"):
+            found.append(f"{where}: http reaches below the use cases only for {sorted(HTTP_BELOW)}")
+    found += [f"runtime import cycle between {' '.join(c)}" for c in cycles(runtime)]
+    return found
+
+
+def test_gateway_imports_point_down_only():
+    assert violations(ROOT) == []
+
+
+def test_fleet_and_loadtests_are_imported_from_nowhere_they_should_not_be():
+    # fleet imports gateway (its ports, the app), never loadtests; gateway's side is above.
+    wrong = [f"{a.source}:{a.line} imports {a.target}" for a in arrows(ROOT / "fleet")
+             if a.target.split(".")[0] == "loadtests"]
+    assert wrong == []
+
+
+def test_the_import_rule_can_fail(tmp_path):
+    """The checker sees an upward arrow at module level, inside a function and for the type
+    checker only; an import of fleet; an http resource running a stage itself; a new unit
+    without a layer; and a runtime cycle inside a layer."""
+    gw = tmp_path / "gateway"
+    for package in ("http", "model", "governance", "ports", "pipeline", "newpart"):
+        (gw / package).mkdir(parents=True)
+        (gw / package / "__init__.py").write_text("")
+    (gw / "errors.py").write_text("")
+    (gw / "ports" / "__init__.py").write_text("from ..pipeline import call\n")
+    (gw / "model" / "a.py").write_text("from ..governance import b\n\ndef f():\n    from gateway.http import c\n")
+    (gw / "governance" / "b.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+                                            "    from ..pipeline import call\nfrom ..model import a\n")
+    (gw / "http" / "c.py").write_text("from ..errors import x\nfrom ..model import a\nimport fleet.bus\n")
+    (gw / "pipeline" / "call.py").write_text("from ..model import a\n")
+    found = "\n".join(violations(tmp_path))
+    assert "gateway.newpart has no layer" in found
+    assert "gateway.ports:1 imports gateway.pipeline: ports (ports) may not import use cases (pipeline)" in found
+    assert "gateway.model.a:4 imports gateway.http: parts (model) may not import http (http)" in found
+    assert "gateway.governance.b:3 imports gateway.pipeline: parts (governance) may not import" in found
+    assert "gateway.http.c:2 imports gateway.model: http reaches below the use cases only" in found
+    assert "gateway.http.c:3 imports fleet.bus: gateway imports nothing from fleet" in found
+    assert "runtime import cycle between governance http model" in found
+    # the allowed arrows: http's typed errors, a use case importing the model
+    assert not [line for line in found.splitlines() if line.startswith(("gateway.http.c:1", "gateway.pipeline.call:"))]
+
+
+def test_every_folder_of_the_product_is_a_package():
+    """``setup.cfg``'s ``packages = find:`` ships only folders with an ``__init__.py``: one
+    without (a namespace package) imports from a checkout but is missing from the wheel, as
+    ``gateway/model/`` was."""
+    missing = [str(folder.relative_to(ROOT)) for package in ("gateway", "fleet")
+               for folder in sorted((ROOT / package).rglob("*")) if folder.is_dir() and any(folder.glob("*.py"))
+               and not (folder / "__init__.py").exists()]
+    assert missing == []

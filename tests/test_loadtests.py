@@ -5,7 +5,6 @@ it, nothing of the product imports it, and the reports of the runs kept in docs/
 render again from their raw data exactly as committed."""
 from __future__ import annotations
 
-import ast
 import csv
 import json
 import os
@@ -13,10 +12,10 @@ import re
 import shutil
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
+from helpers.imports import arrows, cycles, import_graph
 from helpers.util import ADMIN_KEY, ROOT, free_port, unique
 from loadtests import report
 from loadtests.scenarios import provision
@@ -268,64 +267,6 @@ def test_offline_bundle_runs_its_own_servers(tmp_path):
 
 # --- the house: imports and raw data ---------------------------------------------------------
 
-def import_graph(package: Path) -> dict[str, set[str]]:
-    """Module -> the modules of the same package it imports (any import statement, at module
-    level or inside a function), read with ast from every .py file under `package`."""
-    modules = {}
-    for path in package.rglob("*.py"):
-        parts = list(path.relative_to(package.parent).with_suffix("").parts)
-        is_package = parts[-1] == "__init__"
-        modules[".".join(parts[:-1] if is_package else parts)] = (path, is_package)
-    graph = {}
-    for name, (path, is_package) in modules.items():
-        here = name.split(".") if is_package else name.split(".")[:-1]
-        edges = set()
-        for node in ast.walk(ast.parse(path.read_text(), str(path))):
-            if isinstance(node, ast.Import):
-                found = [alias.name for alias in node.names]
-            elif isinstance(node, ast.ImportFrom):
-                base = node.module or ""
-                if node.level:
-                    base = ".".join(here[:len(here) - node.level + 1] + ([node.module] if node.module else []))
-                found = [base] + [f"{base}.{alias.name}" for alias in node.names]
-            else:
-                continue
-            edges.update(f for f in found if f in modules and f != name)
-        graph[name] = edges
-    return graph
-
-
-def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
-    """The strongly connected components of more than one module (Tarjan)."""
-    index, low, stack, on_stack, found = {}, {}, [], set(), []
-
-    def visit(v):
-        index[v] = low[v] = len(index)
-        stack.append(v)
-        on_stack.add(v)
-        for w in sorted(graph[v]):
-            if w not in index:
-                visit(w)
-                low[v] = min(low[v], low[w])
-            elif w in on_stack:
-                low[v] = min(low[v], index[w])
-        if low[v] == index[v]:
-            component = []
-            while True:
-                w = stack.pop()
-                on_stack.discard(w)
-                component.append(w)
-                if w == v:
-                    break
-            if len(component) > 1:
-                found.append(sorted(component))
-
-    for v in sorted(graph):
-        if v not in index:
-            visit(v)
-    return found
-
-
 def test_cycle_finder_finds_a_cycle():
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     assert cycles({"a": {"b"}, "b": set()}) == []
@@ -344,14 +285,8 @@ def test_loadtests_has_no_import_cycle():
 
 
 def test_the_product_does_not_import_loadtests():
-    importers = []
-    for package in ("gateway", "fleet"):
-        for path in (ROOT / package).rglob("*.py"):
-            for node in ast.walk(ast.parse(path.read_text(), str(path))):
-                names = ([alias.name for alias in node.names] if isinstance(node, ast.Import)
-                         else [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else [])
-                if any(n == "loadtests" or n.startswith("loadtests.") for n in names):
-                    importers.append(str(path.relative_to(ROOT)))
+    importers = sorted({f"{a.source}:{a.line}" for package in ("gateway", "fleet") for a in arrows(ROOT / package)
+                        if a.target.split(".")[0] == "loadtests"})
     assert importers == []
 
 

@@ -11,8 +11,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from ..model.actor import Actor
 from .audit import Audit
-from .changes import ACTOR, Actor, Changes
+from .changes import ACTOR, Changes
 from .connections import Connections
 from .keys import Keys
 from .queries import Queries

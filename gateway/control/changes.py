@@ -14,21 +14,11 @@ import psycopg2.extras
 import psycopg2.pool
 
 from ..errors import unavailable
+from ..model.actor import Actor
 from ..store import statements as store
 
 if TYPE_CHECKING:
     from ..ports import Sync
-
-
-class Actor:
-    """Who is making a management change (set per request by the management resources)."""
-
-    __slots__ = ("name", "ip", "request_id")
-
-    def __init__(self, name: str = "system", ip: str | None = None, request_id: str | None = None) -> None:
-        self.name = name
-        self.ip = ip
-        self.request_id = request_id
 
 
 # Generations the store's change log keeps (gw_catalog_changes): a worker further behind

@@ -13,7 +13,8 @@ import psycopg2.extras
 
 from .. import sql
 from ..errors import GatewayError, bad_request, conflict, not_found
-from ..governance import Analysis, analyze, compile_masks
+from ..governance import Analysis, compile_masks
+from ..governance.policy import analyze_under
 from ..model.catalog import Connection
 from ..model.params import compile_specs
 from ..store import statements as store
@@ -140,11 +141,7 @@ class Queries:
 
     def _analyze(self, connection: Connection, statement: sql.Statement) -> Analysis:
         """Save-time analysis against the connection's schema, read afresh."""
-        settings = self._settings
-        return analyze(statement, self._schemas.fresh(connection), settings.search_path_tuple(),
-                       denied_functions=settings.denied_functions(),
-                       allowed_functions=settings.allowed_functions(),
-                       allowed_catalog_relations=settings.allowed_catalog_relations())
+        return analyze_under(statement, self._schemas.fresh(connection), self._settings)
 
     def _saved(self, action: str, name: str, body: dict, write: Callable[[store.Cursor, dict], None]) -> None:
         """Analyse, then store in one short transaction; if the connection changed in

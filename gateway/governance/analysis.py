@@ -45,14 +45,13 @@ from sqlglot.dialects.postgres import Postgres
 from sqlglot.tokens import Token
 
 from ..errors import GatewayError, bad_request
-from ..sql import Statement, read_positional
+from ..sql import MAX_SQL, Statement, read_positional
 from ..sql.reader import fold, nodes
 from .schema import Schema, load_schema, qname, split_qname
 
 __all__ = ["analyze", "Analysis", "OutputColumn", "Schema", "load_schema", "DEFAULT_DENIED",
            "SIDE_EFFECTS", "CATALOG_SCHEMAS", "denied_matcher"]
 
-MAX_SQL = 100_000
 # 2: output columns record which sources reach them through an expression (``derived``) and
 # whether their names are PostgreSQL's (``exact_name``); a parent's columns name its children's.
 ANALYSIS_VERSION = 2

@@ -19,6 +19,7 @@ import orjson
 from .. import governance, sql
 from ..errors import GatewayError, bad_request, not_found
 from ..execution import runner
+from ..governance.policy import analyze_under
 from .args import RESERVED, CallArgs
 from .grants import check_connection
 
@@ -84,13 +85,9 @@ class AdHocStatements:
     def _analyse(self, schema: governance.Schema, text: str) -> AdHocStatement | _Refusal:
         """The statement's analysis, or the refusal to keep (so a bad statement is not
         analysed again on every call)."""
-        settings = self._settings
         try:
             statement = sql.read(text)
-            analysis = governance.analyze(statement, schema, settings.search_path_tuple(),
-                                          denied_functions=settings.denied_functions(),
-                                          allowed_functions=settings.allowed_functions(),
-                                          allowed_catalog_relations=settings.allowed_catalog_relations())
+            analysis = analyze_under(statement, schema, self._settings)
             # The key's plan is memoised by this digest: of the text AND its analysis, so that
             # once the schema is read again and the text means something else there (a table
             # that now has children, a new operator), no plan made from the old analysis is used.

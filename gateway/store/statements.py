@@ -13,7 +13,7 @@ import psycopg2.extensions
 import psycopg2.extras
 
 if TYPE_CHECKING:
-    from ..control.changes import Actor
+    from ..model.actor import Actor
 
 Cursor: TypeAlias = psycopg2.extensions.cursor   # a RealDictCursor: rows are dicts
 

@@ -115,6 +115,21 @@ def test_the_deny_list_is_configurable(make_app, demo_connection):
     fine = client.simulate_post("/api/v1/queries", headers=headers, json={
         "name": unique("q"), "connection_name": demo_connection, "sql": "SELECT lower('x') AS l"})
     assert fine.status_code == 201, fine.json
+    # The configured names are added to the default list, not put in its place; and the ad-hoc
+    # path takes the same lists as a saved query's analysis (gateway.governance.policy).
+    kept = client.simulate_post("/api/v1/queries", headers=headers, json={
+        "name": unique("q"), "connection_name": demo_connection, "sql": "SELECT pg_read_file('x') AS f"})
+    assert kept.status_code == 400 and kept.json["code"] == "function_not_allowed", kept.json
+    made = client.simulate_post("/api/v1/api-keys", headers=headers, json={
+        "name": unique("key"), "queries": [], "connections": [demo_connection]})
+    assert made.status_code == 201, made.json
+    caller = {"X-API-Key": made.json["secret"]}
+    for sql in ("SELECT upper('x') AS u", "SELECT pg_read_file('x') AS f"):
+        adhoc = client.simulate_post("/execute_sql", headers=caller, json={"sql": sql, "connection_name": demo_connection})
+        assert adhoc.status_code == 400 and adhoc.json["code"] == "function_not_allowed", adhoc.json
+    adhoc = client.simulate_post("/execute_sql", headers=caller,
+                                 json={"sql": "SELECT lower('x') AS l", "connection_name": demo_connection})
+    assert adhoc.status_code == 200 and adhoc.json == [{"l": "x"}], adhoc.json
 
 
 # --- catalogs, side effects, upserts, operators ------------------------------------------------------
