@@ -82,11 +82,15 @@ class Queries:
         if "publish" in body and not isinstance(body["publish"], bool):
             raise bad_request("invalid_body", "publish must be true or false",
                               errors={"publish": "must be true or false"})
-        stored: dict[str, Any] = {"positional": text.text, "order": list(text.order), "kind": text.kind}
+        # One analysis document per version: the governance analysis (kind, tables, output
+        # columns, functions, ...) and PostgreSQL's reading it was made from (the positional
+        # text, the parameters' first-use order, the paged form). The two kinds are one: the
+        # analysis refuses a statement they disagree on.
+        stored: dict[str, Any] = governance.to_doc()
+        stored.update({"positional": text.text, "order": list(text.order), "kind": text.kind})
         if text.kind == "read":   # the paged form, read and checked now: a catalog load parses nothing
             stored["paged"] = sql.paged(text).text
-        extra: dict[str, Any] = {"analysis": stored,
-                                 "governance": governance.to_doc()}
+        extra: dict[str, Any] = {"analysis": stored}
         if masks:
             extra["mask"] = masks
         extra.update(self._described(body))

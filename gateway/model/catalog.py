@@ -84,8 +84,8 @@ class QueryVersion:
         self.prepare_sql = self.execute_sql = ""
         try:
             self._prepare(analysis, specs, by_name)
-            governance = row["extra"].get("governance")
-            self.analysis = Analysis.from_doc(governance) if governance else None
+            # One document (gateway.control.queries): the reading above, the governance here.
+            self.analysis = Analysis.from_doc(analysis)
         except (GatewayError, ValueError, KeyError):
             # Saved by an older release (before governance, or an analysis or reading this
             # release no longer accepts): refused at plan time until it is saved again.

@@ -142,6 +142,16 @@ MIGRATIONS: list[str] = [
     );
     INSERT INTO gw_cache_state (id, purges) VALUES (1, 0);
     """,
+    # 7: a version's analysis in one document: the governance analysis (``extra.governance``)
+    # joins PostgreSQL's reading (``extra.analysis``: positional text, parameter order, paged
+    # form; the same ``kind``, as the save checked). A version saved before governance has no
+    # analysis version in it and stays refused at plan time until it is saved again, as before.
+    """
+    UPDATE gw_query_versions
+       SET extra = (extra - 'governance')
+                   || jsonb_build_object('analysis', (extra -> 'governance') || (extra -> 'analysis'))
+     WHERE jsonb_typeof(extra -> 'governance') = 'object' AND jsonb_typeof(extra -> 'analysis') = 'object';
+    """,
 ]
 
 _LOCK_ID = 0x6777_6669  # "gwfi": any constant shared by every process of the fleet
