@@ -71,9 +71,18 @@ DEFAULT_DENIED: frozenset[str] = frozenset({
     "pg_safe_snapshot_blocking_pids", "pg_prepared_statement", "pg_cursor", "pg_prepared_xact",
     "pg_get_backend_memory_contexts", "pg_get_shmem_allocations", "pg_stat_statements", "pg_stat_statements_info",
     "pg_get_replication_slots", "pg_show_replication_origin_status",
-    # server configuration, its files and its build
+    # server configuration, its files and its build; current_setting(name) is a row of
+    # pg_settings (refused as a relation), custom ones included (``app.jwt_secret``, set per
+    # database or role, is readable by every role)
     "pg_hba_file_rules", "pg_ident_file_mappings", "pg_show_all_file_settings", "pg_show_all_settings",
-    "pg_config", "pg_control_*", "binary_upgrade_*",
+    "current_setting", "pg_settings_get_flags", "pg_config", "pg_control_*", "binary_upgrade_*",
+    # what the catalogs hold, through functions rather than relations: the source of functions,
+    # views, rules and triggers (pg_proc, pg_rewrite ... may hold literals: keys, addresses),
+    # comments (pg_description), and the counters of sequences (unknown_table as relations)
+    "pg_get_functiondef", "pg_get_viewdef", "pg_get_ruledef", "pg_get_triggerdef", "pg_get_indexdef",
+    "pg_get_constraintdef", "pg_get_expr", "pg_get_statisticsobjdef*", "pg_get_partkeydef",
+    "pg_get_partition_constraintdef", "obj_description", "col_description", "shobj_description",
+    "pg_sequence_last_value", "pg_sequence_parameters",
     # locks and notifications
     "pg_advisory*", "pg_try_advisory*", "pg_notify",
     # replication, WAL, backups: these read or move every row
@@ -88,6 +97,9 @@ DEFAULT_DENIED: frozenset[str] = frozenset({
     "gin_leafpage_items", "pg_buffercache_pages", "pgstattuple*", "pg_visibility*",
     # sequences: moving another table's counter
     "setval",
+    # newer servers' (17, 18): replication slots, and writing any table's planner statistics
+    "pg_sync_replication_slots", "pg_restore_relation_stats", "pg_restore_attribute_stats",
+    "pg_clear_relation_stats", "pg_clear_attribute_stats",
 })
 
 # Functions with side effects (or that read another caller's session state): allowed only in
@@ -100,6 +112,7 @@ SIDE_EFFECTS: frozenset[str] = frozenset({
     "lo_*", "loread", "lowrite", "txid_*", "pg_current_xact_id*", "pg_export_snapshot",
     "pg_terminate_backend", "pg_cancel_backend", "pg_stat_reset*", "pg_stat_statements_reset",
     "pg_stat_force_next_flush", "pg_replication_origin_*", "pg_log_standby_snapshot",
+    "pg_restore_relation_stats", "pg_restore_attribute_stats", "pg_clear_relation_stats", "pg_clear_attribute_stats",
 })
 
 # The schemas of the system catalogs: their relations (and those an extension owns, wherever

@@ -243,7 +243,10 @@ def test_functions_and_denied_list():
                 "SELECT 1 FROM customers WHERE pg_sleep(1) IS NULL", "SELECT lo_import('/etc/passwd')",
                 "SELECT query_to_xml('select 1', true, true, '')", "SELECT pg_advisory_xact_lock(1)"):
         refused(sql, "function_not_allowed")
-    assert analyze("SELECT current_setting('search_path')", SCHEMA).kind == "read"
+    # current_setting reads pg_settings' rows (refused as a relation), custom secrets included
+    refused("SELECT current_setting('search_path')", "function_not_allowed")
+    assert analyze("SELECT current_setting('search_path')", SCHEMA,
+                   allowed_functions=("current_setting",)).kind == "read"
     assert analyze("SELECT 'pg_read_file(1)' AS s, $x$pg_sleep(1)$x$ AS t", SCHEMA).kind == "read"
     # configurable
     assert analyze("SELECT pg_sleep(0)", SCHEMA, denied_functions={"pg_read_file"}).kind == "read"
@@ -575,6 +578,34 @@ def test_named_catalog_relations_can_be_lifted():
 ])
 def test_functions_reading_other_sessions_and_the_server_are_denied(sql):
     refused(sql, "function_not_allowed", CATALOGS)
+
+
+@pytest.mark.parametrize("sql", [
+    "SELECT current_setting('app.jwt_secret', true)", "SELECT pg_catalog.current_setting('data_directory')",
+    "SELECT pg_get_functiondef('get_email'::regproc)", "SELECT pg_get_viewdef('v'::regclass, true)",
+    "SELECT pg_get_ruledef(1)", "SELECT pg_get_triggerdef(1)", "SELECT pg_get_indexdef(1)",
+    "SELECT pg_get_constraintdef(1)", "SELECT pg_get_expr(NULL::pg_node_tree, 0)", "SELECT pg_get_partkeydef(1)",
+    "SELECT pg_get_statisticsobjdef_columns(1)", "SELECT obj_description(1, 'pg_class')",
+    "SELECT col_description(1, 1)", "SELECT shobj_description(1, 'pg_database')",
+    "SELECT pg_sequence_last_value('s')", "SELECT * FROM pg_sequence_parameters(1)",
+    "SELECT id FROM customers WHERE name = current_setting('x')",
+    # newer servers' functions, refused by name before a server has them
+    "SELECT pg_sync_replication_slots()", "SELECT pg_restore_relation_stats('relation', 'customers'::regclass)",
+    "SELECT pg_restore_attribute_stats('relation', 'customers'::regclass)",
+    "SELECT pg_clear_relation_stats('public', 'customers')",
+    "SELECT pg_clear_attribute_stats('public', 'customers', 'email', false)",
+])
+def test_catalog_contents_through_functions_are_denied(sql):
+    # What the catalogs refused as relations hold, read through a function instead: settings
+    # (pg_settings), definitions (pg_proc, pg_rewrite, pg_trigger ...), comments
+    # (pg_description), a sequence's counter; and statistics written through a function.
+    refused(sql, "function_not_allowed", CATALOGS)
+
+
+def test_statistics_writers_lifted_are_still_side_effects():
+    lifted = analyze("SELECT pg_clear_relation_stats('public', 'customers')", CATALOGS,
+                     allowed_functions=("pg_clear_relation_stats",))
+    assert lifted.side_effects == ("pg_clear_relation_stats",)
 
 
 @pytest.mark.parametrize("sql, effects", [
