@@ -395,3 +395,35 @@ def test_update_login_of_the_writer_connection():
     writer = {**LOGIN, "user": WRITER}
     update_login(api, writer, name="demo_writer")
     assert api.patches == [writer]
+
+
+def test_fleet_up_seeds_the_demo_connections_with_the_demo_roles(services, demo_db, superuser, monkeypatch,
+                                                                    tmp_path):
+    """What `fleet up` saves as the demo connections (``fleet.cli._seed_embedded``, on the
+    embedded PostgreSQL: here the session's, the passwords this module's): the logins of
+    ``demo_reader`` and ``demo_writer``, never the superuser's, and the saved login can read
+    the demo tables and nothing else."""
+    from fleet import cli
+
+    saved: dict = {}
+    monkeypatch.setattr(cli.local, "demo_database_url", lambda settings: services.pg.url(demo_db))
+    monkeypatch.setattr(cli.local, "demo_reader_password", lambda settings: (PASSWORD, False))
+    monkeypatch.setattr(cli.local, "demo_writer_password", lambda settings: (WRITER_PASSWORD, False))
+    monkeypatch.setattr(cli, "update_login", lambda api, login, force=False, name="demo":
+                        saved.setdefault("update", []).append((name, login["user"])))
+    monkeypatch.setattr(cli, "seed", lambda api, login, key_file, writer=None:
+                        saved.update(demo=login, writer=writer) or "secret")
+    settings = Settings(home=str(tmp_path), pg_port=PG_PORT, admin_key="a")
+    assert cli._seed_embedded(settings, "http://127.0.0.1:1", tmp_path) == "secret"
+    assert saved["demo"]["user"] == READER and saved["writer"]["user"] == WRITER
+    assert sorted(saved["update"]) == [("demo", READER), ("demo_writer", WRITER)]
+    for login in (saved["demo"], saved["writer"]):
+        url = f"postgresql://{login['user']}:{login['password']}@127.0.0.1:{PG_PORT}/{demo_db}"
+        with psycopg2.connect(url, connect_timeout=5) as conn, conn.cursor() as cur:
+            cur.execute("SELECT rolsuper, rolcreaterole, rolcreatedb FROM pg_roles WHERE rolname = current_user")
+            assert cur.fetchone() == (False, False, False)
+    table = unique("not_demo")
+    superuser(f"CREATE TABLE public.{table} AS SELECT 1 AS i", db=demo_db)
+    with pytest.raises(psycopg2.errors.InsufficientPrivilege):
+        as_role(demo_db, f"SELECT * FROM public.{table}", saved["demo"]["user"])
+    assert as_role(demo_db, "SELECT count(*) FROM customers", saved["demo"]["user"]) == [(1000,)]
