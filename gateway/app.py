@@ -12,6 +12,7 @@ import logging.handlers
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import falcon
 import psycopg2
@@ -70,7 +71,7 @@ class Parts:
 
     def __init__(self, settings: Settings, holder: CatalogHolder, pools: Pools, history: HistoryWriter, ports: Ports,
                  store_pool: psycopg2.pool.AbstractConnectionPool, manage: Management, ready: Ready,
-                 log_listener: logging.handlers.QueueListener) -> None:
+                 log_listener: logging.handlers.QueueListener, cache: ResponseCache) -> None:
         self.settings = settings
         self.holder = holder
         self.pools = pools
@@ -82,11 +83,17 @@ class Parts:
         self.manage = manage
         self.ready = ready
         self.log_listener = log_listener
-        self.cache: ResponseCache | None = None
+        self.cache = cache
+
+    def drain_when(self, draining: Callable[[], bool]) -> None:
+        """From the server's hooks (``fleet/gunicorn_conf.py``): once ``draining()``, ``/ready``
+        answers 503 and ``/events`` streams end."""
+        self.ready.draining = draining
+        if self.events is not None:
+            self.events.draining = draining
 
     def close(self) -> None:
-        if self.cache is not None:
-            self.cache.close()
+        self.cache.close()
         self.admission.close()
         self.sync.close()
         self.history.close()
@@ -99,7 +106,9 @@ class Parts:
 class GatewayApp(falcon.App):
     """A Falcon app that also holds its gateway parts, so gunicorn hooks can close them."""
 
-    parts: Parts
+    def __init__(self, parts: Parts, middleware: list[Any]) -> None:
+        super().__init__(media_type=falcon.MEDIA_JSON, middleware=middleware)
+        self.parts = parts
 
 
 def worker_name() -> str:
@@ -168,12 +177,14 @@ def build_app(settings: Settings, ports: Ports | None = None) -> GatewayApp:
 
     manage = Management(settings, sync, box, store_pool, schemas, on_change=on_change)
 
-    app = GatewayApp(media_type=falcon.MEDIA_JSON, middleware=[RequestId()])
+    ready = Ready(lambda: _store_reachable(store_pool), sync)
+    parts = Parts(settings, holder, pools, history, ports, store_pool, manage, ready, log_listener, cache)
+    app = GatewayApp(parts, middleware=[RequestId()])
     app.req_options.strip_url_path_trailing_slash = True
     http_errors.install(app)
 
     admin = AdminCheck(settings.admin_key, holder)   # a data key on /api/v1: 403 admin_only
-    pipeline = Pipeline(holder, pools, history, settings, admission, cache)
+    pipeline = Pipeline(holder, pools, history, settings, admission, cache, schemas)
     app.add_route("/q/{name}", QueryResource(pipeline, settings))
     app.add_route("/execute_sql", AdHoc(pipeline, settings, schemas))
     app.add_route("/api/v1/usage/quotas", management.QuotaUsageResource(admission, holder, admin))
@@ -191,14 +202,11 @@ def build_app(settings: Settings, ports: Ports | None = None) -> GatewayApp:
     app.add_route("/docs/assets/{name}", DocsAsset())
     app.add_route("/metrics", MetricsResource(metrics, settings.metrics_token))
     app.add_route("/events", EventsResource(events, admin))
-    ready = Ready(lambda: _store_reachable(store_pool), sync)
     app.add_route("/ready", ready)
 
     sync.start(holder)
     cache.start()
     history.start()
-    app.parts = Parts(settings, holder, pools, history, ports, store_pool, manage, ready, log_listener)
-    app.parts.cache = cache
     return app
 
 

@@ -457,9 +457,15 @@ def _refuse(code: str, message: str) -> GatewayError:
 
 
 def plan(analysis: Analysis, grants: Grants | None, query_masks: Any = None, *, hash_key: bytes | None = None,
-         server_allows_writes: bool = True) -> CallPlan:
+         server_allows_writes: bool = True, kin: Mapping[tuple[str, str], Sequence[tuple[str, str]]] | None = None
+         ) -> CallPlan:
     """Check ``analysis`` against ``grants`` (plus the saved query's own ``query_masks``)
-    and compile what each call does. Raises 403 ``GatewayError`` on a refusal."""
+    and compile what each call does. Raises 403 ``GatewayError`` on a refusal.
+
+    ``kin``: the connection's inheritance and partition trees as they are now
+    (``gateway.governance.schema.kinship``). The analysis knows the children a table had when
+    the query was saved; a rule naming a partition attached since (or the parent of a table
+    that joined a tree since) matches the column read through its kin as well."""
     if grants is None:
         grants = Grants()
     for table in analysis.tables:
@@ -499,9 +505,13 @@ def plan(analysis: Analysis, grants: Grants | None, query_masks: Any = None, *, 
     def decide(source: str) -> tuple[str, str] | None:
         if source not in cache:
             parts = split_qname(source)
+            tables = [(parts[0], parts[1])]
+            if kin:
+                tables.extend(kin.get(tables[0], ()))
             best = None
             for rule in rules:
-                if rule.matches(*parts) and (best is None or _RANK[rule.action] < _RANK[best[0]]):
+                if any(rule.matches(s, t, parts[-1]) for s, t in tables) \
+                        and (best is None or _RANK[rule.action] < _RANK[best[0]]):
                     best = (rule.action, rule.pattern)
             cache[source] = best
         return cache[source]

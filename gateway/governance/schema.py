@@ -19,7 +19,10 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     import psycopg2.extensions
 
-__all__ = ["Schema", "load_schema", "qname", "split_qname"]
+__all__ = ["Schema", "load_schema", "qname", "split_qname", "kinship", "Kin"]
+
+# A table of an inheritance or partition tree -> the other tables whose rows it shares.
+Kin = dict[tuple[str, str], tuple[tuple[str, str], ...]]
 
 
 def _quote(part: str) -> str:
@@ -67,6 +70,19 @@ def split_qname(text: str) -> tuple[str, ...]:
     return tuple(parts)
 
 
+def kinship(schema: Schema) -> Kin:
+    """Each table of an inheritance or partition tree -> its ancestors (its rows are theirs)
+    and its descendants (their rows are its own), as the schema is now. The planner matches a
+    key's mask rules through it at call time (``gateway.governance.grants.plan``), so a
+    partition or child added after a query was saved is masked when the parent is read."""
+    kin: dict[tuple[str, str], set[tuple[str, str]]] = {}
+    for child, ancestors in schema.parents.items():
+        for ancestor in ancestors:
+            kin.setdefault(child, set()).add(ancestor)
+            kin.setdefault(ancestor, set()).add(child)
+    return {table: tuple(sorted(others)) for table, others in sorted(kin.items())}
+
+
 class Schema:
     """``Schema({"public.customers": ("id", "name", ...)}, views=("public.v",))``.
 
@@ -103,6 +119,9 @@ class Schema:
         self.search_path = tuple(search_path) if search_path else None
         self.operators = {symbol: tuple(sorted(set(names))) for symbol, names in (operators or {}).items()}
         self.extension_relations = frozenset(self._key(r) for r in extension_relations)
+
+    def kinship(self) -> Kin:
+        return kinship(self)
 
     @staticmethod
     def _key(name: str) -> tuple[str, str]:

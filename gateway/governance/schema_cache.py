@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 import psycopg2
 
 from ..errors import unavailable
-from .schema import Schema, load_schema
+from .schema import Kin, Schema, load_schema
 
 if TYPE_CHECKING:
     from ..crypto import PasswordBox
@@ -33,6 +33,8 @@ class SchemaCache:
         self._box = password_box
         self._ttl_s = ttl_s
         self._schemas: dict[tuple, tuple[float, Schema]] = {}
+        self._kin: dict[tuple, Kin] = {}
+        self._tried: dict[tuple, float] = {}   # when kin() last started a read, per connection
         self._lock = threading.Lock()
         self._loading: set = set()
 
@@ -52,8 +54,11 @@ class SchemaCache:
             schema = load_schema(conn, self._settings.search_path_tuple())
         finally:
             conn.close()
+        kin = schema.kinship()
         with self._lock:
             self._schemas[connection.identity] = (time.monotonic(), schema)
+            if self._kin.get(connection.identity) != kin:   # unchanged trees keep their object
+                self._kin[connection.identity] = kin
         return schema
 
     def fresh(self, connection: Connection) -> Schema:
@@ -87,6 +92,23 @@ class SchemaCache:
             threading.Thread(target=self._reload_behind, args=(connection,), name="gateway-schema",
                              daemon=True).start()
         return held[1]
+
+    def kin(self, connection: Connection) -> Kin | None:
+        """For every call: the connection's inheritance and partition trees as last read
+        (``gateway.governance.schema.kinship``; the same object while they are unchanged), or
+        None before the first read. Never waits: a stale copy is read again behind, as for
+        ad-hoc statements, so a partition attached after a query was saved counts within
+        ``ttl_s`` of the change."""
+        identity = connection.identity
+        held = self._schemas.get(identity)
+        now = time.monotonic()
+        if (held is None or now - held[0] >= self._ttl_s) and identity not in self._loading \
+                and now - self._tried.get(identity, -self._ttl_s) >= self._ttl_s:   # a failing read: once a ttl
+            self._tried[identity] = now
+            self._loading.add(identity)
+            threading.Thread(target=self._reload_behind, args=(connection,), name="gateway-schema",
+                             daemon=True).start()
+        return self._kin.get(identity)
 
     def _reload_behind(self, connection: Connection) -> None:
         try:

@@ -41,6 +41,7 @@ if TYPE_CHECKING:
     from ..cache import ResponseCache
     from ..execution.pool import SessionPool
     from ..governance import CallPlan
+    from ..governance.schema_cache import SchemaCache
     from ..model.catalog import Catalog, Connection
     from ..model.state import CatalogHolder
     from ..ports import Admission
@@ -70,10 +71,11 @@ class EntryPoint(Protocol):
 
 
 class Pipeline:
-    __slots__ = ("_holder", "_pools", "_history", "_settings", "_admission", "_mask_key", "_cache", "_admin")
+    __slots__ = ("_holder", "_pools", "_history", "_settings", "_admission", "_mask_key", "_cache", "_admin",
+                 "_schemas")
 
     def __init__(self, holder: CatalogHolder, pools: runner.Pools, history: HistoryWriter, settings: Settings,
-                 admission: Admission, cache: ResponseCache | None = None) -> None:
+                 admission: Admission, cache: ResponseCache | None = None, schemas: SchemaCache | None = None) -> None:
         self._holder = holder
         self._pools = pools
         self._history = history
@@ -81,6 +83,8 @@ class Pipeline:
         self._admission = admission
         self._mask_key = settings.mask_key_bytes()
         self._cache = cache
+        # The connections' inheritance and partition trees as they are now, for the plans.
+        self._schemas = schemas
         # The admin key runs everything on the data plane too (as QueryAPIGate's); none: nobody does.
         self._admin = AdminIdentity(settings.admin_key, ApiKey.admin()) if settings.admin_key else None
 
@@ -99,7 +103,9 @@ class Pipeline:
             if key.governance.allowed_ips is not None:
                 key.governance.check_ip(ip)
             subject = call.resolve(catalog, key)                                # 3 plan
-            plan = plan_for(catalog, key, subject, settings, self._mask_key)
+            schemas = self._schemas
+            kin = None if schemas is None else schemas.kin(call.connection)  # type: ignore[arg-type]  # set by resolve()
+            plan = plan_for(catalog, key, subject, settings, self._mask_key, kin)
             if key.max_concurrent is not None:   # before the rate and quota: a refusal here is not charged
                 place = admission.enter(key)                                    # 2 admit (calls running)
             limits += admission.admit_key(key)                                  # 2 admit (the key)

@@ -11,19 +11,23 @@ from .. import governance
 from ..errors import GatewayError, bad_request
 
 if TYPE_CHECKING:
+    from ..governance.schema import Kin
     from ..model.catalog import ApiKey, Catalog, QueryVersion
     from ..settings import Settings
     from .adhoc import AdHocStatement
 
 
 def plan_for(catalog: Catalog, key: ApiKey, subject: QueryVersion | AdHocStatement, settings: Settings,
-             mask_key: bytes) -> governance.CallPlan:
+             mask_key: bytes, kin: Kin | None = None) -> governance.CallPlan:
     """``subject``: a saved query version or an ad-hoc statement (``plan_id``, ``analysis``,
-    ``masks``)."""
+    ``masks``). ``kin``: the connection's inheritance and partition trees as the worker last
+    read them (``SchemaCache.kin``); a plan made with other trees is made again (one identity
+    test: the cache keeps the same object while the trees are unchanged)."""
     memo = catalog.plans.get(key.id)
     if memo is None:
         memo = catalog.plans.setdefault(key.id, {})
-    got = memo.get(subject.plan_id)
+    held = memo.get(subject.plan_id)
+    got: governance.CallPlan | tuple | None = held[1] if held is not None and held[0] is kin else None
     if got is None:
         try:
             if subject.analysis is None:
@@ -33,10 +37,10 @@ def plan_for(catalog: Catalog, key: ApiKey, subject: QueryVersion | AdHocStateme
             if key.query_governance is not None:   # a per-query write grant (the memo is per statement)
                 grants = key.query_governance.get(getattr(subject, "name", ""), grants)
             got = governance.plan(subject.analysis, grants, subject.masks, hash_key=mask_key,
-                                  server_allows_writes=settings.allow_writes)
+                                  server_allows_writes=settings.allow_writes, kin=kin)
         except GatewayError as exc:
             got = (exc.status, exc.code, exc.message, exc.extra, exc.headers)
-        got = memo.setdefault(subject.plan_id, got)
+        memo[subject.plan_id] = (kin, got)
     if type(got) is tuple:  # a fresh exception each time: one raised twice would grow its traceback
         raise GatewayError(got[0], got[1], got[2], extra=got[3], headers=got[4])
-    return got
+    return got  # type: ignore[return-value]  # not a tuple: a plan

@@ -12,6 +12,7 @@ import pytest
 
 from gateway.errors import GatewayError
 from gateway.governance import CallPlan, Grants, Schema, analyze, mask_value, plan
+from gateway.governance.schema import kinship
 
 SCHEMA = Schema({
     "public.customers": ("id", "name", "email", "country", "plan", "created_at"),
@@ -317,6 +318,33 @@ def test_a_mask_on_an_inheriting_child_applies_to_reads_of_the_parent():
         == ("drop",)
     # ONLY reads no child rows, but is masked all the same (the cautious side)
     assert family_plan("SELECT email FROM ONLY events", rules).actions == ("null",)
+
+
+def test_a_rule_on_a_table_that_joined_a_tree_after_the_save_applies_through_the_trees_now():
+    """The stored analysis knows the tree as it was at save time; ``kin`` is the tree now."""
+    then = Schema({"public.events": ("id", "email"), "public.loose": ("id", "email")})
+    now = Schema({"public.events": ("id", "email"), "public.events_2027": ("id", "email"),
+                  "public.loose": ("id", "email")},
+                 parents={"public.events_2027": ["public.events"], "public.loose": ["public.events"]})
+    kin = kinship(now)
+    assert kin[("public", "events")] == (("public", "events_2027"), ("public", "loose"))
+    assert kin[("public", "loose")] == (("public", "events"),) and kinship(then) == {}
+    late_child = [{"column": "events_2027.email", "action": "hash"}]
+    by_parent = analyze("SELECT id, email FROM events", then)
+    assert plan(by_parent, grants(mask=late_child), hash_key=KEY).actions == (None, None)   # as saved: blind
+    assert plan(by_parent, grants(mask=late_child), hash_key=KEY, kin=kin).actions == (None, "hash")
+    # a table that became a child: the parent's rule covers it when it is read directly
+    on_parent = [{"column": "public.events.email", "action": "drop"}]
+    assert plan(analyze("SELECT email FROM loose", then), grants(mask=on_parent), hash_key=KEY,
+                kin=kin).actions == ("drop",)
+    # a computed value of the late child's column, read through the parent: refused for hash
+    with pytest.raises(GatewayError) as info:
+        plan(analyze("SELECT substr(email, 1, 1) AS c FROM events", then), grants(mask=late_child),
+             hash_key=KEY, kin=kin)
+    assert info.value.code == "mask_unresolvable"
+    # unrelated rules and tables are not touched
+    assert plan(by_parent, grants(mask=[{"column": "loose2.email", "action": "hash"}]), hash_key=KEY,
+                kin=kin).actions == (None, None)
 
 
 # --- masks follow names: a table that changed shape -----------------------------------------------------
