@@ -15,6 +15,10 @@
 \getenv demo_writer_password GATEWAY_DEMO_WRITER_PG_PASSWORD
 CREATE ROLE gateway LOGIN PASSWORD :'store_password';
 CREATE DATABASE gateway OWNER gateway;
+-- A new database lets every role (PUBLIC) connect and make temporary tables: the demo roles
+-- log in to `demo` alone (30-demo-grants.sql closes it the same way), never to the store.
+REVOKE ALL ON DATABASE gateway FROM PUBLIC;
+REVOKE ALL ON DATABASE postgres FROM PUBLIC;
 CREATE ROLE demo_reader LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE NOREPLICATION NOBYPASSRLS
     PASSWORD :'demo_password';
 CREATE ROLE demo_writer LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE NOREPLICATION NOBYPASSRLS

@@ -168,6 +168,20 @@ class LocalPostgres:
         finally:
             conn.close()
 
+    def close_to_public(self, *names: str) -> None:
+        """Take back what every role (PUBLIC) gets on a new database: CONNECT and TEMPORARY.
+        Only the superuser uses the store and the maintenance database here; the demo roles
+        log in to ``demo`` alone, and must not open a session (or make tables, temporary
+        ones included) anywhere else."""
+        conn = psycopg2.connect(self.url("postgres"), connect_timeout=10)
+        conn.autocommit = True
+        try:
+            with conn.cursor() as cur:
+                for name in names:
+                    cur.execute(sql.SQL("REVOKE ALL ON DATABASE {} FROM PUBLIC").format(sql.Identifier(name)))
+        finally:
+            conn.close()
+
     # --- internals ---------------------------------------------------------------------
     def _pid(self) -> int | None:
         """The postmaster's pid from ``postmaster.pid`` when that process is alive and is
@@ -341,6 +355,7 @@ def ensure_embedded(settings: Settings) -> dict[str, str]:
         pg = LocalPostgres(home, settings.pg_port)
         pg.start()
         pg.ensure_database("gateway")
+        pg.close_to_public("gateway", "postgres")
         env["GATEWAY_DATABASE_URL"] = pg.url("gateway")
     if not settings.redis_url:
         rd = LocalRedis(home, settings.redis_port)

@@ -361,3 +361,8 @@ def test_initdb_sql_is_generated_from_fleet_demo():
     grants = (INITDB / "30-demo-grants.sql").read_text()
     assert demo.reader_grants(demo.READER, "demo") in grants
     assert demo.writer_grants(demo.WRITER, "demo") in grants
+    # ... and, as fleet up does (fleet.local.LocalPostgres.close_to_public), may not open a
+    # session on the store's database or the maintenance one.
+    roles = (INITDB / "10-roles.sql").read_text()
+    for database in ("gateway", "postgres"):
+        assert f"REVOKE ALL ON DATABASE {database} FROM PUBLIC;" in roles

@@ -155,3 +155,22 @@ def test_ensure_embedded_leaves_configured_values_alone(pg, rd, settings):
                           database_url="postgresql://elsewhere/db", redis_url="redis://elsewhere",
                           admin_key="a", secret_key="s")
     assert ensure_embedded(configured) == {}
+
+
+def test_only_the_superuser_may_connect_to_the_store_and_maintenance_databases(pg, rd, settings):
+    """The embedded default takes back PUBLIC's CONNECT and TEMPORARY on ``gateway`` and
+    ``postgres``: a login role (the demo roles are ones) can open a session on neither."""
+    ensure_embedded(settings)
+    role = "h_login_" + socket.gethostname().replace("-", "_")[:8].lower()
+    with psycopg2.connect(pg.url("postgres")) as conn, conn.cursor() as cur:
+        cur.execute(f"DROP ROLE IF EXISTS {role}")
+        cur.execute(f"CREATE ROLE {role} LOGIN PASSWORD 'pw-{role}'")
+    try:
+        for db in ("gateway", "postgres"):
+            with pytest.raises(psycopg2.OperationalError, match="permission denied for database"):
+                psycopg2.connect(host="127.0.0.1", port=PG_PORT, user=role, password=f"pw-{role}", dbname=db,
+                                 connect_timeout=5).close()
+        assert _select_one(pg.url("gateway")) == 1     # the superuser still does
+    finally:
+        with psycopg2.connect(pg.url("postgres")) as conn, conn.cursor() as cur:
+            cur.execute(f"DROP ROLE {role}")
