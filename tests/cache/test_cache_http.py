@@ -144,6 +144,22 @@ def test_a_masked_key_never_receives_another_keys_values(api, endpoint, table):
     assert len(one.json) == 1 and one.headers["X-Page-Size"] == "1"
 
 
+def test_cached_answers_are_charged_to_each_keys_rows_quota(api, endpoint, table):
+    """A hit costs the database nothing but is rows the key received: charged like a miss,
+    to the key that got them (another key's fill is not its own)."""
+    ep = endpoint(READ.format(t=table), PARAMS, cache_ttl=60)
+    assert api.call(ep.query, ep.secret).headers["X-Cache"] == "miss"      # filled by a key without a quota
+    quota = api.key([ep.query], [ep.connection], quota={"rows": 7, "per": "day"},
+                    mask=[{"column": f"{table}.secret", "action": "hash"}])
+    for _ in range(3):   # 3 rows a call: 3, 6, then 9 (a page may overshoot by its own size)
+        got = api.call(ep.query, quota)
+        assert got.status == 200 and got.headers["X-Cache"] == "hit" and len(got.json) == 3, got
+        assert "alpha@x" not in got.text
+    refused = api.call(ep.query, quota)
+    assert refused.status == 429 and refused.json["code"] == "quota_exceeded", refused
+    assert api.call(ep.query, ep.secret).status == 200     # the filling key was not charged for them
+
+
 def test_ready_answers_are_kept_per_format_and_plan_in_any_order(api, endpoint, table):
     """An entry keeps each answer it rendered (``gateway.pipeline.cached.View``): here the masked keys
     fill and render first, the unmasked key after, then all of them in turns; every key gets its own
