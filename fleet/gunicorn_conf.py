@@ -137,11 +137,9 @@ def post_worker_init(worker: Worker) -> None:
     """/ready answers 503 from the moment this worker starts draining (SIGTERM, reload), and
     its /events streams end (else each would hold the worker until the graceful timeout).
     The application is loaded: the port may take connections (fleet/listen.py)."""
-    parts = getattr(worker.wsgi, "parts", None)
+    parts = getattr(worker.wsgi, "parts", None)   # None: gunicorn's error app, ours failed to load
     if parts is not None:
-        parts.ready.draining = lambda: not worker.alive
-        if getattr(parts, "events", None) is not None:
-            parts.events.draining = parts.ready.draining
+        parts.drain_when(lambda: not worker.alive)
     start_listening(worker)
 
 

@@ -160,6 +160,10 @@ def quota_exceeded(what: str, reset_s: int, headers: Headers) -> GatewayError:
 
 # --- Events ------------------------------------------------------------------------------
 class Events(Protocol):
+    # Whether this worker is draining (a stream ends then, else it would hold the worker until
+    # the graceful timeout); the server's hooks set it through ``Parts.drain_when``.
+    draining: Callable[[], bool]
+
     def __call__(self, batch: Sequence[Run]) -> None:
         """A batch of answered runs (a history observer, off the hot path)."""
 

@@ -85,7 +85,7 @@ class QueryVersion:
         try:
             self._prepare(analysis, specs, by_name)
             # One document (gateway.control.queries): the reading above, the governance here.
-            self.analysis = Analysis.from_doc(analysis)
+            self.analysis: Analysis | None = Analysis.from_doc(analysis)
         except (GatewayError, ValueError, KeyError):
             # Saved by an older release (before governance, or an analysis or reading this
             # release no longer accepts): refused at plan time until it is saved again.
