@@ -52,10 +52,14 @@ import socket
 import sys
 import threading
 import time
+from datetime import timedelta
 from typing import Any
 
+from gunicorn import util
+from gunicorn.http import wsgi
 from gunicorn.workers.gthread import ThreadWorker
 
+from fleet.lean import FrozenConfig, LeanResponse
 from fleet.slots import BOOTING, LEAVING, SERVING, Slots
 
 SLACK = 1                 # connections a worker may hold above the least loaded sibling
@@ -77,9 +81,11 @@ class BalancedThreadWorker(ThreadWorker):
     gw_slot: int | None = None
     alive: bool            # gunicorn's (untyped) attributes this class reads and writes
     max_requests: int
+    cfg: Any
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        self.cfg = FrozenConfig(self.cfg)
         # gunicorn's own max_requests check would stop this worker at once, whatever its
         # siblings are doing; this worker leaves at that count when a sibling can take over.
         self._recycle_at = self.max_requests
@@ -322,7 +328,54 @@ class BalancedThreadWorker(ThreadWorker):
                     self._marked += 1
                     conn.gw_shed = True
                     req.must_close = True         # this answer says Connection: close
-        return bool(super().handle_request(req, conn))
+        return self._serve(req, conn)
+
+    def _serve(self, req: Any, conn: Any) -> bool:
+        """gthread's ``handle_request`` (gunicorn 27.0.1), answering through ``LeanResponse``
+        (fleet/lean.py) and timing the call only when there is an access log to write it to.
+        Whether to keep the connection: gunicorn's rules, unchanged."""
+        environ: dict = {}
+        resp = None
+        try:
+            self.cfg.pre_request(self, req)
+            logged = self.log.access_log_enabled
+            started = time.monotonic() if logged else 0.0
+            resp, environ = wsgi.create(req, conn.sock, conn.client, conn.server, self.cfg,
+                                        response_class=LeanResponse)
+            environ["wsgi.multithread"] = True
+            self.nr += 1
+            if not self.alive or not self.cfg.keepalive or len(self.keepalived_conns) >= self.max_keepalived:
+                resp.force_close()
+            respiter = self.wsgi(environ, resp.start_response)
+            try:
+                if isinstance(respiter, environ["wsgi.file_wrapper"]):
+                    resp.write_file(respiter)
+                else:
+                    for item in respiter:
+                        resp.write(item)
+                resp.close()
+            finally:
+                if logged:
+                    self.log.access(resp, req, environ, timedelta(seconds=time.monotonic() - started))
+                if hasattr(respiter, "close"):
+                    respiter.close()
+            if resp.should_close():
+                return False
+        except OSError:
+            raise
+        except (Exception, SystemExit):
+            if resp and resp.headers_sent:
+                # an answer already begun cannot become a 500 on the same socket
+                self.log.exception("Error handling request")
+                util.close_graceful(conn.sock)
+                raise StopIteration() from None
+            raise
+        finally:
+            try:
+                self.cfg.post_request(self, req, environ, resp)
+            except Exception:
+                self.log.exception("Exception in post_request hook")
+        return True
 
     def finish_request(self, conn: Any, fs: Any) -> None:
         if getattr(conn, "gw_shed", False):
