@@ -46,7 +46,7 @@ from .pipeline.identify import AdminIdentity
 from .ports import Admission, AdmitAll, Events, LocalSync, Sync
 from .settings import Settings
 from .store.history import HistoryWriter
-from .store.pool import WaitingPool
+from .store.pool import WaitingPool, ping
 from .store.purges import PurgeCounter
 from .store.schema import migrate
 from .store.spool import open_spool, spool_folder
@@ -217,8 +217,7 @@ def _store_reachable(store_pool: psycopg2.pool.AbstractConnectionPool) -> bool:
         return False
     broken = False
     try:
-        with conn.cursor() as cur:
-            cur.execute("SELECT 1")
+        ping(conn)
         conn.rollback()
         return True
     except psycopg2.Error:

@@ -16,6 +16,7 @@ import psycopg2.pool
 from ..errors import unavailable
 from ..model.actor import Actor
 from ..store import statements as store
+from ..store.pool import ping
 
 if TYPE_CHECKING:
     from ..ports import Sync
@@ -81,8 +82,7 @@ class Changes:
             if not conn.closed and not _spoken_to(conn):
                 return conn
             try:
-                with conn.cursor() as cur:
-                    cur.execute("SELECT 1")
+                ping(conn)
                 return conn
             except (psycopg2.OperationalError, psycopg2.InterfaceError):
                 self._pool.putconn(conn, close=True)

@@ -18,6 +18,7 @@ import psycopg2.extras
 from .. import sql
 from ..errors import GatewayError
 from ..governance import Analysis, Grants
+from ..store import catalog as reads
 from .drivers import driver_options
 from .limits import Quota, Rate
 from .params import SQL_TYPES, ParamBinder, ParamSpec, compile_specs
@@ -291,10 +292,6 @@ class _Gap(Exception):
     the snapshot does not hold): read everything instead."""
 
 
-_VERSIONS = """SELECT q.name AS query_name, q.published_version, v.*, md5(v::text) AS signature
-                 FROM gw_queries q JOIN gw_query_versions v ON v.query_id = q.id"""
-
-
 def load(conn: psycopg2.extensions.connection) -> Catalog:
     """Read the whole catalog, and the generation it is, in one repeatable-read snapshot."""
     return refresh(conn, Catalog.empty())[0]
@@ -312,13 +309,8 @@ def refresh(conn: psycopg2.extensions.connection, current: Catalog) -> tuple[Cat
         # One round trip: the snapshot (it starts at the first read), the generation, and the
         # changes logged since ``mine`` when the log reaches back that far (one row with no
         # change otherwise).
-        cur.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY; "
-                    "SELECT s.generation AS now, s.log_from, c.kind, c.id, c.generation "
-                    "FROM gw_catalog_state s LEFT JOIN gw_catalog_changes c "
-                    "ON s.generation > %(mine)s AND s.log_from <= %(mine)s AND c.generation > %(mine)s",
-                    {"mine": mine})
+        state = reads.begin_refresh(cur, mine)
         try:
-            state = cur.fetchall()
             generation = state[0]["now"]
             if generation == mine:
                 return current, Refresh("none", 1)
@@ -333,18 +325,15 @@ def refresh(conn: psycopg2.extensions.connection, current: Catalog) -> tuple[Cat
             new, rows = _read_all(cur, generation)
             return new, Refresh("full", len(state) + rows)
         finally:
-            cur.execute("COMMIT")
+            reads.end_refresh(cur)
 
 
 def _read_all(cur: psycopg2.extensions.cursor, generation: int) -> tuple[Catalog, int]:
-    cur.execute("SELECT * FROM gw_connections")
-    connections = {r["name"]: Connection(r) for r in cur.fetchall()}
+    connections = {r["name"]: Connection(r) for r in reads.connections(cur)}
     by_id = {c.id: c for c in connections.values()}
-    cur.execute(_VERSIONS + " ORDER BY q.id, v.version")
-    version_rows = cur.fetchall()
+    version_rows = reads.versions(cur)
     queries = _queries(version_rows, by_id, {})
-    cur.execute("SELECT * FROM gw_api_keys")
-    key_rows = cur.fetchall()
+    key_rows = reads.keys(cur)
     keys = _by_prefix(ApiKey(r) for r in key_rows)
     return Catalog(generation, keys, queries, connections), len(connections) + len(version_rows) + len(key_rows)
 
@@ -384,8 +373,7 @@ def _apply(cur: psycopg2.extensions.cursor, current: Catalog, generation: int,
     connections, connection_ids = current.connections, current.connection_ids
     if changed["connection"]:
         ids = sorted(changed["connection"])
-        cur.execute("SELECT * FROM gw_connections WHERE id = ANY(%s)", (ids,))
-        fresh = [Connection(r) for r in cur.fetchall()]
+        fresh = [Connection(r) for r in reads.connections(cur, ids)]
         rows += len(fresh)
         connections, connection_ids = connections.copy(), connection_ids.copy()
         for cid in ids:                      # every old entry out first: a name may move
@@ -407,8 +395,7 @@ def _apply(cur: psycopg2.extensions.cursor, current: Catalog, generation: int,
                 if old_query is not None:
                     previous[qid] = old_query
         if ids:
-            cur.execute(_VERSIONS + " WHERE q.id = ANY(%s) ORDER BY q.id, v.version", (ids,))
-            version_rows = cur.fetchall()
+            version_rows = reads.versions(cur, ids)
             rows += len(version_rows)
             for query in _queries(version_rows, connection_ids, previous).values():
                 queries[query.name] = query
@@ -426,8 +413,7 @@ def _apply(cur: psycopg2.extensions.cursor, current: Catalog, generation: int,
     keys, key_ids, plans = current.keys, current.key_ids, current.plans
     if changed["key"]:
         ids = sorted(changed["key"])
-        cur.execute("SELECT * FROM gw_api_keys WHERE id = ANY(%s)", (ids,))
-        fresh_keys = [ApiKey(r) for r in cur.fetchall()]
+        fresh_keys = [ApiKey(r) for r in reads.keys(cur, ids)]
         rows += len(fresh_keys)
         # dict.copy(), not dict(): once an entry was deleted (every key change deletes and
         # re-adds), dict() rebuilds the table entry by entry, about twice the time of copy()

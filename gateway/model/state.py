@@ -18,6 +18,7 @@ import psycopg2
 import psycopg2.extensions
 
 from ..errors import unavailable
+from ..store import catalog as store_catalog
 from . import catalog as catalog_mod
 
 log = logging.getLogger("gateway.state")
@@ -87,9 +88,7 @@ class CatalogHolder:
         conn = self._store()
         if not at_least and self.reloads:
             with conn.cursor() as cur:
-                cur.execute("SELECT generation FROM gw_catalog_state")
-                row = cur.fetchone()
-                if row is not None and row[0] == self.catalog.generation:
+                if store_catalog.generation(cur) == self.catalog.generation:
                     return self.catalog.generation
         new, done = catalog_mod.refresh(conn, self.catalog)
         self.last = done

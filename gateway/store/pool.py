@@ -18,6 +18,7 @@ from __future__ import annotations
 import threading
 from typing import Any
 
+import psycopg2.extensions
 import psycopg2.pool
 
 
@@ -44,3 +45,9 @@ class WaitingPool(psycopg2.pool.ThreadedConnectionPool):
             super().putconn(conn, key, close)
         finally:
             self._free.release()
+
+
+def ping(conn: psycopg2.extensions.connection) -> None:
+    """One round trip on ``conn``; raises ``psycopg2.Error`` when the store does not answer."""
+    with conn.cursor() as cur:
+        cur.execute("SELECT 1")

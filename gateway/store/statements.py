@@ -1,8 +1,8 @@
 """Every statement the control plane runs against the store, by what it does.
 
 Each function takes an open cursor (a ``RealDictCursor`` of the control plane's
-transaction) and returns rows as dicts; none commits. The catalog's own load is in
-``gateway.model.catalog``; the run history's writes in ``store.history``.
+transaction) and returns rows as dicts; none commits. The catalog's reads (each worker's
+snapshot) are in ``store.catalog``; the run history's writes in ``store.history``.
 """
 from __future__ import annotations
 
