@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 
 from ..errors import bad_request
 from ..pipeline import RESERVED, CallArgs, SavedCall, split_reserved
+from ..pipeline.args import reserved_args
 from .common import client_ip, read_json, request_id
 
 if TYPE_CHECKING:
@@ -45,8 +46,7 @@ class QueryResource:
         params = body.get("params", {})
         if not isinstance(params, dict):
             raise bad_request("invalid_body", "params must be an object", errors={"params": "must be an object"})
-        reserved = {k: v for k, v in req.params.items() if k in RESERVED}
-        reserved.update((k, body[k]) for k in RESERVED if k in body)
+        reserved = reserved_args(req.params, body)
         unknown = set(body) - RESERVED - {"params"}
         if unknown:
             raise bad_request("invalid_body", f"unknown field(s): {', '.join(sorted(unknown))}")

@@ -20,7 +20,7 @@ from .. import governance, sql
 from ..errors import GatewayError, bad_request, not_found
 from ..execution import runner
 from ..governance.policy import analyze_under
-from .args import RESERVED, CallArgs
+from .args import RESERVED, CallArgs, reserved_args
 from .grants import check_connection
 
 if TYPE_CHECKING:
@@ -33,6 +33,7 @@ if TYPE_CHECKING:
 _Refusal = tuple[int, str, str, dict | None]
 
 FIELDS = frozenset({"sql", "params", "connection_name"}) | (RESERVED - {"version"})
+_RESERVED = FIELDS & RESERVED   # an ad-hoc statement has no version: ?version= is ignored
 _SCALARS = (str, int, float, bool, type(None))
 
 
@@ -155,10 +156,7 @@ class AdHocCall:
         return params
 
     def call_args(self) -> CallArgs:
-        # The query string's reserved arguments, then the body's (the body wins).
-        raw = {k: v for k, v in self._query_args.items() if k in FIELDS and k in RESERVED}
-        raw.update((k, self._body[k]) for k in RESERVED if k in self._body)
-        return CallArgs(raw, self._settings)
+        return CallArgs(reserved_args(self._query_args, self._body, _RESERVED), self._settings)
 
     def bind(self, statement: AdHocStatement) -> list:
         params = self._params

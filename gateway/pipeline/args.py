@@ -36,6 +36,14 @@ def split_reserved(raw: Mapping[str, Any]) -> tuple[Mapping[str, Any], dict]:
     return {k: v for k, v in raw.items() if k not in RESERVED}, reserved
 
 
+def reserved_args(query: Mapping[str, Any], body: Mapping[str, Any], names: frozenset[str] = RESERVED) -> dict:
+    """A POST's reserved arguments (``/q/<name>``, ``/execute_sql``): the query string's, then
+    the body's (the body wins)."""
+    raw = {k: v for k, v in query.items() if k in names}
+    raw.update((k, body[k]) for k in names if k in body)
+    return raw
+
+
 class CallArgs:
     """The reserved arguments of one call, parsed and checked."""
 
