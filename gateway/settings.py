@@ -13,6 +13,10 @@ from dataclasses import Field, dataclass, field, fields
 from typing import Any
 
 PREFIX = "GATEWAY_"
+# How a boolean is written in text, everywhere: a setting, a query string's argument, a
+# typed parameter (gateway.model.params). Here because settings import nothing of the gateway.
+TRUE_WORDS = frozenset(("true", "1", "yes", "on"))
+FALSE_WORDS = frozenset(("false", "0", "no", "off"))
 
 
 def _doc(default: Any, help_text: str, env: str | None = None) -> Any:
@@ -264,7 +268,7 @@ def _coerce(f: Field[Any], raw: str) -> Any:
     default = f.default
     try:
         if isinstance(default, bool):
-            return raw.strip().lower() in ("1", "true", "yes", "on")
+            return raw.strip().lower() in TRUE_WORDS
         if isinstance(default, int):
             return int(raw)
         if isinstance(default, float):

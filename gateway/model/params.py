@@ -14,6 +14,7 @@ from datetime import date, datetime
 from typing import Any
 
 from ..errors import bad_request
+from ..settings import FALSE_WORDS, TRUE_WORDS
 
 TYPES = ("int", "float", "str", "bool", "date", "datetime")
 # QueryAPIGate's JSON type names, accepted as written and shown back (a saved rule reads back as
@@ -26,8 +27,6 @@ SPEC_FIELDS = {"type", "required", "default", "enum", "min", "max", "min_length"
                "pattern", "description"}
 MAX_TEXT = 65_536
 _INT_TEXT = re.compile(r"[+-]?[0-9]{1,19}")
-TRUE_WORDS = frozenset(("true", "1", "yes", "on"))     # how a boolean is written in text, everywhere
-FALSE_WORDS = frozenset(("false", "0", "no", "off"))
 _MISSING = object()
 INT_MIN, INT_MAX = -(2 ** 63), 2 ** 63 - 1
 

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import bad_request
 from ..execution.formats import FORMATS, STREAM_FORMATS
-from ..model.params import FALSE_WORDS, TRUE_WORDS
+from ..settings import FALSE_WORDS, TRUE_WORDS
 
 if TYPE_CHECKING:
     from ..settings import Settings
