@@ -61,8 +61,10 @@ class SessionPool:
     def _connect(self) -> Session:
         try:
             conn = psycopg2.connect(**self._connect_kwargs)
-        except psycopg2.OperationalError:
-            raise unavailable("database_unavailable", "the data database cannot be reached") from None
+        except psycopg2.OperationalError as exc:
+            # Why (refused, no such database, a password rejected) is for the log, not the caller.
+            raise unavailable("database_unavailable", "the data database cannot be reached").with_detail(
+                str(exc).strip()) from None
         conn.autocommit = True
         if self._configure is not None:
             self._configure(conn)

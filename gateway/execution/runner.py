@@ -328,7 +328,8 @@ def translate(exc: psycopg2.Error) -> GatewayError:
     if isinstance(exc, psycopg2.errors.ReadOnlySqlTransaction):
         return forbidden("write_not_allowed", "this session is read-only")
     if _is_broken(exc):
-        return unavailable("database_unavailable", "the data database cannot be reached")
+        return unavailable("database_unavailable", "the data database cannot be reached").with_detail(
+            server_message(exc))
     # The server's message can quote the values it choked on (a masked column's among them:
     # 'invalid input syntax for type integer: "alan@..."'): the caller gets the SQLSTATE and
     # its condition name, the log gets the message, with the request id.

@@ -262,6 +262,19 @@ def test_unreachable_database(api):
     assert got.headers["Retry-After"] == "1"
 
 
+def test_a_refused_login_says_why_in_the_log_only(api, caplog):
+    connection = api.connection()
+    ep = api.endpoint("SELECT 1 AS one", connection=connection)
+    database = unique("nodb").lower()
+    assert api.manage("PATCH", f"/connections/{connection}", {"database": database}).status == 200
+    for params in ({}, {"stream": "true", "format": "csv"}):
+        got = api.call(ep.query, ep.secret, params)
+        assert got.status == 503 and got.json["code"] == "database_unavailable", got
+        assert database not in got.text and "does not exist" not in got.text, got.text
+        logged = [r.getMessage() for r in caplog.records if got.json["request_id"] in r.getMessage()]
+        assert any(f'database "{database}" does not exist' in m for m in logged), logged
+
+
 def test_pool_exhausted(make_app, endpoint):
     ep = endpoint(SLOW, SLOW_PARAMS)
     one = make_app(sync=LocalSync(), pool_size=1)
