@@ -4,7 +4,7 @@ and its one statistics module (loadtests/stats.py).
 
 This registry is how the harness reaches a block: bench.py runs one by name, report.py renders a folder by the
 block its meta.json names. Nothing outside loadtests/blocks/ imports a block's module, so the import graph has no
-cycle (tests/test_loadtests.py checks it).
+cycle (tests/loadtests/test_loadtests.py checks it).
 """
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Who imports whom, read with ``ast`` from the source (nothing is imported): the arrows
 behind the import rules of ``docs/architecture.md`` (``tests/test_imports.py``) and the
-load tests' own house (``tests/test_loadtests.py``)."""
+load tests' own house (``tests/loadtests/test_loadtests.py``)."""
 from __future__ import annotations
 
 import ast

@@ -1,7 +1,7 @@
 """The cache block (loadtests/blocks/cache/): how it reads the cache bus's acknowledgements (a worker
 still pending after a write's answer is waited for and timed), the X-Cache-Invalidated header, and
 its verdicts: goals judged on the worst round, the timings pooled, any wrong answer a failure.
-(Its smoke run: tests/test_loadtests.py.)"""
+(Its smoke run: tests/loadtests/test_loadtests.py.)"""
 from __future__ import annotations
 
 import threading
