@@ -72,6 +72,16 @@ def percentile(samples, q: float):
     return ordered[max(0, math.ceil(q / 100 * len(ordered)) - 1)]
 
 
+def rounded_rank_percentile(sorted_values: list[float], p: float) -> float | None:
+    """The open-loop generator's percentile of a sorted list (rank round(p/100 x n + 0.5), half
+    to even), not the nearest rank of `percentile`: kept as it was so new open-loop runs compare
+    with old ones."""
+    if not sorted_values:
+        return None
+    k = min(len(sorted_values) - 1, max(0, int(round(p / 100 * len(sorted_values) + 0.5)) - 1))
+    return sorted_values[k]
+
+
 def summary(samples) -> dict:
     """n, mean, p50/p90/p99 (nearest rank) and max of `samples`; {} when there are none."""
     if not samples:

@@ -32,6 +32,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from ... import rundir, system, wrk
+from ...stats import rounded_rank_percentile as percentile
 from ..oha.run import problems_of
 from .render import write as write_report
 
@@ -47,15 +48,6 @@ SCENARIOS = {
                 ('/q/deposit?delta=1', 'aid')),
 }
 PERCENTILES = ('50', '90', '99', '99.9')
-
-
-def percentile(sorted_values: list[float], p: float) -> float | None:
-    """The generator's own percentile of a sorted list (rank round(p/100 x n + 0.5), half to even; kept as it was
-    so new runs compare with old ones)."""
-    if not sorted_values:
-        return None
-    k = min(len(sorted_values) - 1, max(0, int(round(p / 100 * len(sorted_values) + 0.5)) - 1))
-    return sorted_values[k]
 
 
 class Tally:
