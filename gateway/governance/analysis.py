@@ -178,6 +178,10 @@ class Analysis:
     write_sources: tuple[str, ...] = ()   # source columns whose values a write stores
     side_effects: tuple[str, ...] = ()    # called functions with side effects (nextval, ...)
     write_ops: tuple[str, ...] = ()       # every write operation it does (ON CONFLICT DO UPDATE: insert, update)
+    # The relations among ``tables`` that are the server's (pg_catalog, information_schema, an
+    # extension's): allowed when analysed, checked again against the settings of each gateway
+    # that plans a call (``governance.policy.refused_now``).
+    catalogs: tuple[str, ...] = ()
 
     def to_doc(self) -> dict:
         return {"version": ANALYSIS_VERSION, "kind": self.kind, "write_op": self.write_op,
@@ -185,7 +189,8 @@ class Analysis:
                 "whole_row": list(self.whole_row), "functions": list(self.functions),
                 "views": list(self.views), "user_functions": list(self.user_functions),
                 "referenced": list(self.referenced), "write_sources": list(self.write_sources),
-                "side_effects": list(self.side_effects), "write_ops": list(self.write_ops)}
+                "side_effects": list(self.side_effects), "write_ops": list(self.write_ops),
+                "catalogs": list(self.catalogs)}
 
     @classmethod
     def from_doc(cls, doc: Mapping) -> Analysis:
@@ -196,7 +201,9 @@ class Analysis:
                    tuple(doc.get("functions") or ()), tuple(doc.get("views") or ()),
                    tuple(doc.get("user_functions") or ()), tuple(doc.get("referenced") or ()),
                    tuple(doc.get("write_sources") or ()), tuple(doc.get("side_effects") or ()),
-                   tuple(doc.get("write_ops") or ((doc["write_op"],) if doc.get("write_op") else ())))
+                   tuple(doc.get("write_ops") or ((doc["write_op"],) if doc.get("write_op") else ())),
+                   tuple(doc["catalogs"]) if "catalogs" in doc else
+                   tuple(t for t in doc["tables"] if split_qname(t)[0] in CATALOG_SCHEMAS))
 
 
 # --- errors ---------------------------------------------------------------------------------
@@ -396,6 +403,7 @@ class _Analyzer:
         self.denied = denied
         self.catalog_allowed = catalog_allowed   # (schema, relation) of pg_catalog/information_schema
         self.write_ops: set[str] = set()         # write operations besides the statement's own
+        self.catalogs: set = set()               # the server's relations read (allowed ones)
         self.tables: set = set()
         self.views: set = set()
         self.functions: set[str] = set()
@@ -760,6 +768,8 @@ class _Analyzer:
             what = "a system catalog" if key[0] in CATALOG_SCHEMAS else "an extension's relation"
             raise bad_request("catalog_not_allowed", f"relation {qname(*key)} is {what}; the server does not "
                               "allow reading it (GATEWAY_ALLOW_CATALOG_RELATIONS)")
+        if key[0] in CATALOG_SCHEMAS or key in self.schema.extension_relations:
+            self.catalogs.add(key)
         self.tables.add(key)
         if key in self.schema.views:
             self.views.add(key)
@@ -1503,4 +1513,5 @@ def analyze(sql: str | Statement, schema: Schema | Mapping[str, Sequence[str]],
                     user_functions=user,
                     referenced=tuple(sorted(qname(*s) for s in analyzer.referenced)),
                     write_sources=tuple(sorted(qname(*s) for s in analyzer.write_sources)),
-                    side_effects=side_effects, write_ops=write_ops)
+                    side_effects=side_effects, write_ops=write_ops,
+                    catalogs=tuple(sorted(qname(*c) for c in analyzer.catalogs)))

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 from .. import governance
 from ..errors import GatewayError, bad_request
+from ..governance.policy import refused_now
 
 if TYPE_CHECKING:
     from ..governance.schema import Kin
@@ -33,6 +34,8 @@ def plan_for(catalog: Catalog, key: ApiKey, subject: QueryVersion | AdHocStateme
             if subject.analysis is None:
                 raise bad_request("analysis_failed", "this version was saved by an older release or without an "
                                   "analysis; save it again")
+            # Saved under another gateway's settings, perhaps: planned under this one's.
+            refused_now(subject.analysis, settings)
             grants = key.governance
             if key.query_governance is not None:   # a per-query write grant (the memo is per statement)
                 grants = key.query_governance.get(getattr(subject, "name", ""), grants)

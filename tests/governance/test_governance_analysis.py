@@ -702,3 +702,20 @@ def test_relations_an_extension_owns_are_refused_like_catalogs():
     assert lifted.tables == ("public.pg_stat_statements",)
     assert Schema.from_doc(json.loads(json.dumps(schema.to_doc()))).extension_relations == \
         {("public", "pg_stat_statements")}
+
+
+
+def test_the_servers_relations_read_are_recorded_for_the_plan():
+    # An analysis records the catalog and extension relations it was allowed to read: each
+    # gateway planning a call checks them against its own GATEWAY_ALLOW_CATALOG_RELATIONS.
+    schema = Schema({"public.customers": ("id",), "public.pg_stat_statements": ("query",),
+                     "pg_catalog.pg_class": ("relname",)}, extension_relations=["public.pg_stat_statements"])
+    lifted = ("public.pg_stat_statements", "pg_catalog.pg_class")
+    analysis = analyze("SELECT c.relname, s.query FROM pg_class c, pg_stat_statements s, customers",
+                       schema, allowed_catalog_relations=lifted)
+    assert analysis.catalogs == ("pg_catalog.pg_class", "public.pg_stat_statements")
+    doc = json.loads(json.dumps(analysis.to_doc()))
+    assert Analysis.from_doc(doc).catalogs == analysis.catalogs
+    del doc["catalogs"]    # stored before the field: pg_catalog's and information_schema's by their schema
+    assert Analysis.from_doc(doc).catalogs == ("pg_catalog.pg_class",)
+    assert analyze("SELECT id FROM customers", schema).catalogs == ()
