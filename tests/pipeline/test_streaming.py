@@ -85,6 +85,25 @@ def test_a_stream_that_fails_after_rows_were_sent_is_cut_without_the_servers_tex
     assert api.call(fine.query, fine.secret, {"stream": "true", "format": "csv"}).text == "one\n1\n"
 
 
+def test_a_stream_cut_by_an_error_is_cut_on_the_wire_too(gunicorn, http_endpoint, superuser):
+    """Through a real worker: the caller must not take a cut stream for a whole one (a chunked
+    body ended as if complete), and the bytes it got carry no server text."""
+    email = superuser("SELECT email FROM customers WHERE id = 1", db="demo")[0][0]
+    ep = http_endpoint("SELECT g, CASE WHEN g < 4500 THEN g ELSE (SELECT email FROM customers WHERE id = 1)::int "
+                       "END AS q FROM generate_series(1, 5000) g")
+    got = b""
+    with pytest.raises(requests.exceptions.RequestException):
+        with requests.get(f"{gunicorn.base}/q/{ep.query}", params={"stream": "true", "format": "ndjson"},
+                          headers={"X-API-Key": ep.secret}, stream=True, timeout=30) as reply:
+            assert reply.status_code == 200
+            for chunk in reply.iter_content(chunk_size=1 << 16):
+                got += chunk
+    assert 0 < got.count(b"\n") < 4499 and email.encode() not in got and b"invalid input" not in got
+    fine = http_endpoint("SELECT 1 AS one")   # the worker serves on
+    assert requests.get(f"{gunicorn.base}/q/{fine.query}", headers={"X-API-Key": fine.secret}, timeout=10).json() \
+        == [{"one": 1}]
+
+
 def test_a_write_cannot_be_streamed(api, endpoint):
     ep = endpoint("DELETE FROM orders WHERE id = -1")
     got = api.call(ep.query, ep.secret, {"stream": "true", "format": "csv"})
