@@ -50,7 +50,7 @@ from typing import Any, overload
 
 from ..errors import GatewayError, bad_request, forbidden
 from .analysis import Analysis
-from .schema import qname, split_qname
+from .schema import Kin, qname, split_qname
 
 __all__ = ["ACTIONS", "MaskRule", "compile_masks", "Grants", "CallPlan", "plan"]
 
@@ -457,15 +457,17 @@ def _refuse(code: str, message: str) -> GatewayError:
 
 
 def plan(analysis: Analysis, grants: Grants | None, query_masks: Any = None, *, hash_key: bytes | None = None,
-         server_allows_writes: bool = True, kin: Mapping[tuple[str, str], Sequence[tuple[str, str]]] | None = None
+         server_allows_writes: bool = True,
+         kin: Kin | Mapping[tuple[str, str], Sequence[tuple[str, str]]] | None = None
          ) -> CallPlan:
     """Check ``analysis`` against ``grants`` (plus the saved query's own ``query_masks``)
     and compile what each call does. Raises 403 ``GatewayError`` on a refusal.
 
-    ``kin``: the connection's inheritance and partition trees as they are now
-    (``gateway.governance.schema.kinship``). The analysis knows the children a table had when
-    the query was saved; a rule naming a partition attached since (or the parent of a table
-    that joined a tree since) matches the column read through its kin as well."""
+    ``kin``: the connection's inheritance and partition trees (and views) as they are now
+    (``gateway.governance.schema.Kin``; a mapping of trees alone is taken too). The analysis
+    knows the children a table had when the query was saved; a rule naming a partition
+    attached since (or the parent of a table that joined a tree since) matches the column
+    read through its kin as well; a table that is a view now is refused like a view."""
     if grants is None:
         grants = Grants()
     for table in analysis.tables:
@@ -494,6 +496,14 @@ def plan(analysis: Analysis, grants: Grants | None, query_masks: Any = None, *, 
                       "key's table or mask restrictions")
     if not rules:
         return CallPlan([None] * len(analysis.columns), hash_key, grants.max_rows, grants.query_timeout)
+    views_now: frozenset = getattr(kin, "views", None) or frozenset()
+    for table in analysis.tables if views_now else ():
+        relation = _table_parts(table)
+        if table not in analysis.views and relation in views_now \
+                and not any(rule.names_relation(*relation) for rule in rules):
+            raise _refuse("mask_unresolvable", f"{table} was a table when this query was saved and is a view now: "
+                          "masks are not traced through views; save the query again (a rule must then name the "
+                          "view)")
     for view in analysis.views:
         schema_name, table = _table_parts(view)
         if not any(rule.names_relation(schema_name, table) for rule in rules):

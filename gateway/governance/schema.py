@@ -19,10 +19,30 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     import psycopg2.extensions
 
-__all__ = ["Schema", "load_schema", "qname", "split_qname", "kinship", "Kin"]
+__all__ = ["Schema", "load_schema", "qname", "split_qname", "kinship", "Kin", "Trees"]
 
 # A table of an inheritance or partition tree -> the other tables whose rows it shares.
-Kin = dict[tuple[str, str], tuple[tuple[str, str], ...]]
+Trees = dict[tuple[str, str], tuple[tuple[str, str], ...]]
+
+
+class Kin:
+    """What a call's plan needs of its connection's schema as it is now, not as it was when
+    the query was saved: the inheritance and partition trees (``kinship``) and the views
+    (a table dropped and made again as a view reads other tables). Compared by value."""
+
+    __slots__ = ("trees", "views")
+
+    def __init__(self, trees: Trees, views: frozenset[tuple[str, str]] = frozenset()) -> None:
+        self.trees = trees
+        self.views = views
+
+    def get(self, table: tuple[str, str], default: tuple = ()) -> tuple[tuple[str, str], ...]:
+        return self.trees.get(table, default)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Kin) and self.trees == other.trees and self.views == other.views
+
+    __hash__ = None  # type: ignore[assignment]  # mutable-looking: compared, never hashed
 
 
 def _quote(part: str) -> str:
@@ -70,7 +90,7 @@ def split_qname(text: str) -> tuple[str, ...]:
     return tuple(parts)
 
 
-def kinship(schema: Schema) -> Kin:
+def kinship(schema: Schema) -> Trees:
     """Each table of an inheritance or partition tree -> its ancestors (its rows are theirs)
     and its descendants (their rows are its own), as the schema is now. The planner matches a
     key's mask rules through it at call time (``gateway.governance.grants.plan``), so a
@@ -121,7 +141,8 @@ class Schema:
         self.extension_relations = frozenset(self._key(r) for r in extension_relations)
 
     def kinship(self) -> Kin:
-        return kinship(self)
+        """The trees and views as they are now (``Kin``), for the planner."""
+        return Kin(kinship(self), self.views)
 
     @staticmethod
     def _key(name: str) -> tuple[str, str]:

@@ -347,6 +347,21 @@ def test_a_rule_on_a_table_that_joined_a_tree_after_the_save_applies_through_the
                 kin=kin).actions == (None, None)
 
 
+def test_a_table_that_is_a_view_now_is_refused_like_a_view():
+    then = Schema({"public.t": ("a", "b"), "public.customers": ("id", "email")})
+    now = Schema({"public.t": ("a", "b"), "public.customers": ("id", "email")}, views=["public.t"])
+    analysis = analyze("SELECT a, b FROM t", then)
+    rules = grants(mask=[{"column": "customers.email", "action": "hash"}])
+    assert plan(analysis, rules, hash_key=KEY, kin=then.kinship()).actions == (None, None)
+    with pytest.raises(GatewayError) as info:
+        plan(analysis, rules, hash_key=KEY, kin=now.kinship())
+    assert info.value.code == "mask_unresolvable" and "is a view now" in info.value.message
+    named = grants(mask=[{"column": "customers.email", "action": "hash"}, {"column": "t.*", "action": "keep"}])
+    assert plan(analysis, named, hash_key=KEY, kin=now.kinship()).actions == (None, None)
+    assert plan(analysis, grants(), hash_key=KEY, kin=now.kinship()).identity   # no masks: nothing to trace
+    assert then.kinship() == Schema({"public.t": ("a",)}).kinship() != now.kinship()
+
+
 # --- masks follow names: a table that changed shape -----------------------------------------------------
 DRIFT = Schema({"public.t": ("a", "b"), "public.u": ("a", "b")})
 
