@@ -2,8 +2,9 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
+import falcon
 import orjson
 
 from ..control import ACTOR, Actor, Management
@@ -11,8 +12,6 @@ from ..errors import not_found
 from .common import client_ip, read_json, request_id
 
 if TYPE_CHECKING:
-    import falcon
-
     from ..model.state import CatalogHolder
     from ..ports import Admission
     from ..settings import Settings
@@ -43,17 +42,14 @@ class _Admin:
         ACTOR.set(Actor("admin", client_ip(req.env, self._hops), request_id(req)))
 
 
-def _guarded(cls: _Resource) -> _Resource:
-    """Every responder of a management resource checks the admin key first."""
-    for attr in [a for a in dir(cls) if a.startswith("on_")]:
-        responder = getattr(cls, attr)
+def _admin_first(req: falcon.Request, resp: falcon.Response, resource: object, params: dict[str, Any]) -> None:
+    cast(_Admin, resource).process(req)   # applied to management resources only (_guarded)
 
-        def wrapped(self: _Admin, req: falcon.Request, resp: falcon.Response, *args: Any,
-                    _responder: Callable = responder, **kwargs: Any) -> Any:
-            self.process(req)
-            return _responder(self, req, resp, *args, **kwargs)
-        setattr(cls, attr, wrapped)
-    return cls
+
+def _guarded(cls: _Resource) -> _Resource:
+    """Every responder of a management resource checks the admin key first (Falcon's
+    ``before`` hook, applied to each responder of the class)."""
+    return falcon.before(_admin_first)(cls)
 
 
 @_guarded
