@@ -104,11 +104,33 @@ def test_gateway_imports_point_down_only():
     assert violations(ROOT) == []
 
 
-def test_fleet_and_loadtests_are_imported_from_nowhere_they_should_not_be():
-    # fleet imports gateway (its ports, the app), never loadtests; gateway's side is above.
-    wrong = [f"{a.source}:{a.line} imports {a.target}" for a in arrows(ROOT / "fleet")
-             if a.target.split(".")[0] == "loadtests"]
-    assert wrong == []
+def fleet_violations(root: Path) -> list[str]:
+    """fleet/ implements the ports: it may use the gateway's parts and values below the use
+    cases, never http/, pipeline/ or control/; only the composition root (fleet/app.py) builds
+    the app (gateway.app); and nothing of it imports loadtests."""
+    wrong = []
+    for arrow in arrows(root / "fleet"):
+        where = f"{arrow.source}:{arrow.line} imports {arrow.target}"
+        unit = unit_of(arrow.target, root)
+        if arrow.target.split(".")[0] == "loadtests":
+            wrong.append(f"{where}: the product imports nothing of loadtests")
+        elif unit in ("http", "pipeline", "control"):
+            wrong.append(f"{where}: fleet implements ports, it does not reach into the {unit} layer")
+        elif unit == "app" and arrow.source != "fleet.app":
+            wrong.append(f"{where}: only the composition root (fleet.app) builds the app")
+    return wrong
+
+
+def test_fleet_implements_ports_and_builds_the_app_in_one_place(tmp_path):
+    assert fleet_violations(ROOT) == []
+    (tmp_path / "fleet").mkdir()
+    (tmp_path / "gateway" / "pipeline").mkdir(parents=True)
+    (tmp_path / "gateway" / "app.py").write_text("")
+    (tmp_path / "fleet" / "bus.py").write_text("from gateway.pipeline import call\nfrom gateway.app import build_app\n"
+                                               "import loadtests.bench\nfrom gateway.ports import Sync\n")
+    assert [line.split(": ")[0] for line in fleet_violations(tmp_path)] == [
+        "fleet.bus:1 imports gateway.pipeline", "fleet.bus:1 imports gateway.pipeline.call",
+        "fleet.bus:2 imports gateway.app", "fleet.bus:2 imports gateway.app.build_app", "fleet.bus:3 imports loadtests.bench"]
 
 
 def test_the_import_rule_can_fail(tmp_path):
