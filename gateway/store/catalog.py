@@ -40,13 +40,17 @@ def end_refresh(cur: Cursor) -> None:
     cur.execute("COMMIT")
 
 
+def _rows(cur: Cursor, every: str, ids: list[int] | None) -> list[dict]:
+    if ids is None:
+        cur.execute(every)
+    else:
+        cur.execute(every + " WHERE id = ANY(%s)", (ids,))
+    return cur.fetchall()
+
+
 def connections(cur: Cursor, ids: list[int] | None = None) -> list[dict]:
     """Every connection, or those of ``ids``."""
-    if ids is None:
-        cur.execute("SELECT * FROM gw_connections")
-    else:
-        cur.execute("SELECT * FROM gw_connections WHERE id = ANY(%s)", (ids,))
-    return cur.fetchall()
+    return _rows(cur, "SELECT * FROM gw_connections", ids)
 
 
 def versions(cur: Cursor, query_ids: list[int] | None = None) -> list[dict]:
@@ -61,8 +65,4 @@ def versions(cur: Cursor, query_ids: list[int] | None = None) -> list[dict]:
 
 def keys(cur: Cursor, ids: list[int] | None = None) -> list[dict]:
     """Every API key, or those of ``ids``."""
-    if ids is None:
-        cur.execute("SELECT * FROM gw_api_keys")
-    else:
-        cur.execute("SELECT * FROM gw_api_keys WHERE id = ANY(%s)", (ids,))
-    return cur.fetchall()
+    return _rows(cur, "SELECT * FROM gw_api_keys", ids)
