@@ -164,7 +164,17 @@ def test_every_folder_of_the_product_is_a_package():
     """``setup.cfg``'s ``packages = find:`` ships only folders with an ``__init__.py``: one
     without (a namespace package) imports from a checkout but is missing from the wheel, as
     ``gateway/model/`` was."""
-    missing = [str(folder.relative_to(ROOT)) for package in ("gateway", "fleet")
-               for folder in sorted((ROOT / package).rglob("*")) if folder.is_dir() and any(folder.glob("*.py"))
-               and not (folder / "__init__.py").exists()]
+    folders = [folder for package in ("gateway", "fleet") for folder in [ROOT / package, *sorted((ROOT / package).rglob("*"))]
+               if folder.is_dir() and any(folder.glob("*.py"))]
+    missing = [str(folder.relative_to(ROOT)) for folder in folders if not (folder / "__init__.py").exists()]
     assert missing == []
+    # What the wheel ships, as setuptools finds it from setup.cfg: the product's folders, all of
+    # them, and nothing else (not loadtests/, which runs from a checkout with its `load` extra).
+    import configparser
+
+    import setuptools
+    config = configparser.ConfigParser()
+    config.read(ROOT / "setup.cfg")
+    include = [p.strip() for p in config["options.packages.find"]["include"].split(",")]
+    shipped = set(setuptools.find_packages(where=str(ROOT), include=include))
+    assert shipped == {".".join(f.relative_to(ROOT).parts) for f in folders}
