@@ -70,6 +70,13 @@ if not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
     os.environ["PROMETHEUS_MULTIPROC_DIR"] = _metrics_dir
 # The access log is written by each worker's history thread, off the hot path.
 accesslog = None
+# What a proxy may tell the gateway is GATEWAY_TRUST_PROXY's to decide (X-Forwarded-For, read by
+# the gateway itself); gunicorn honours no forwarding header from anyone: no scheme headers, no
+# SCRIPT_NAME/PATH_INFO from headers. With nothing left to trust, every peer may be "trusted",
+# which spares each request gunicorn's parse of the peer's address (ipaddress, ~230 bytecodes).
+forwarded_allow_ips = "*"
+secure_scheme_headers: dict = {}
+forwarder_headers = ""
 loglevel = _settings.log_level
 proc_name = f"gateway-fleet{'-' + _settings.instance if _settings.instance else ''}"
 

@@ -59,7 +59,7 @@ from gunicorn import util
 from gunicorn.http import wsgi
 from gunicorn.workers.gthread import ThreadWorker
 
-from fleet.lean import FrozenConfig, LeanResponse
+from fleet.lean import FrozenConfig, LeanResponse, nothing_to_drain
 from fleet.slots import BOOTING, LEAVING, SERVING, Slots
 
 SLACK = 1                 # connections a worker may hold above the least loaded sibling
@@ -329,6 +329,14 @@ class BalancedThreadWorker(ThreadWorker):
                     conn.gw_shed = True
                     req.must_close = True         # this answer says Connection: close
         return self._serve(req, conn)
+
+    def _keepalive_after(self, conn: Any, keepalive: bool) -> bool:
+        """gthread drains the rest of a request's body before keeping its connection, under a
+        deadline that costs two ``settimeout`` system calls per call; a request whose body was
+        empty, or read to its end, leaves nothing to drain (what gthread's drain would find)."""
+        if keepalive and nothing_to_drain(conn.parser.mesg):
+            return True
+        return bool(super()._keepalive_after(conn, keepalive))
 
     def _serve(self, req: Any, conn: Any) -> bool:
         """gthread's ``handle_request`` (gunicorn 27.0.1), answering through ``LeanResponse``

@@ -120,3 +120,33 @@ def test_revocation_across_workers(gunicorn, http, http_endpoint):
     assert {c[2] for c in calls} <= {200, 401}
     successes_after = [c for c in after if c[2] != 401]
     assert not successes_after, f"{len(successes_after)} calls started after the delete returned and succeeded"
+
+
+def test_one_connection_carries_unread_bodies_and_pipelined_requests(http, http_endpoint, gunicorn):
+    """The worker keeps a connection without draining when a request left no body to drain
+    (fleet/worker.py ``_keepalive_after``); a body the application never read is still drained
+    before the next request is read, and pipelined requests are answered in order."""
+    import re
+    import socket
+    from urllib.parse import urlsplit
+
+    ep = http_endpoint("SELECT :n AS n", {"n": {"type": "int", "default": 0}})
+    host = urlsplit(gunicorn.base)
+    unread = b'{"params": {"n": 7}, "pad": "' + b"x" * 20000 + b'"}'
+    wire = (
+        # no such route: answered without reading the body, which must not be taken for a request
+        "POST /nope HTTP/1.1\r\nHost: h\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(unread)}\r\n\r\n".encode() + unread
+        + f"GET /q/{ep.query}?n=1 HTTP/1.1\r\nHost: h\r\nX-API-Key: {ep.secret}\r\n\r\n".encode()
+        + f"GET /q/{ep.query}?n=2 HTTP/1.1\r\nHost: h\r\nX-API-Key: {ep.secret}\r\n\r\n".encode()
+        + f"GET /q/{ep.query}?n=3 HTTP/1.1\r\nHost: h\r\nX-API-Key: {ep.secret}\r\nConnection: close\r\n\r\n".encode()
+    )
+    with socket.create_connection((host.hostname, host.port), timeout=10) as sock:
+        sock.sendall(wire)
+        received = b""
+        while chunk := sock.recv(65536):
+            received += chunk
+    statuses = re.findall(rb"HTTP/1\.1 (\d{3}) ", received)
+    assert statuses == [b"404", b"200", b"200", b"200"], received[:2000]
+    assert received.count(b'[{"n":1}]') == 1 and received.count(b'[{"n":2}]') == 1
+    assert received.index(b'[{"n":1}]') < received.index(b'[{"n":2}]') < received.index(b'[{"n":3}]')

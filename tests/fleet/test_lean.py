@@ -115,3 +115,29 @@ def test_frozen_config_reads_what_gunicorn_reads():
 def test_http_date_is_now():
     from gunicorn import util
     assert http_date() in (util.http_date(), http_date())
+
+
+@pytest.mark.parametrize("request_bytes, read, expected", [
+    (b"GET / HTTP/1.1\r\nHost: h\r\n\r\n", 0, True),                                   # no body
+    (b"POST / HTTP/1.1\r\nHost: h\r\nContent-Length: 5\r\n\r\nhello", 0, False),         # unread
+    (b"POST / HTTP/1.1\r\nHost: h\r\nContent-Length: 5\r\n\r\nhello", 2, False),         # partly read
+    (b"POST / HTTP/1.1\r\nHost: h\r\nContent-Length: 5\r\n\r\nhello", 5, True),          # read to its end
+    (b"POST / HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n", 0, False),
+])
+def test_nothing_to_drain_only_when_gthread_would_drain_nothing(request_bytes, read, expected):
+    from fleet.lean import nothing_to_drain
+    cfg = Config()
+    server, client = socket.socketpair()
+    try:
+        client.sendall(request_bytes)
+        parser = get_parser(cfg, server, ("127.0.0.1", 1))
+        req = next(parser)
+        if read:
+            req.body.read(read)
+        assert nothing_to_drain(req) is expected
+        if expected:   # gthread's drain finds nothing either
+            server.setblocking(False)
+            assert req.body.read(1024) == b""
+    finally:
+        server.close()
+        client.close()
