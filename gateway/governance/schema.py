@@ -27,20 +27,30 @@ Trees = dict[tuple[str, str], tuple[tuple[str, str], ...]]
 
 class Kin:
     """What a call's plan needs of its connection's schema as it is now, not as it was when
-    the query was saved: the inheritance and partition trees (``kinship``) and the views
-    (a table dropped and made again as a view reads other tables). Compared by value."""
+    the query was saved: the inheritance and partition trees (``kinship``), the views (a
+    table dropped and made again as a view reads other tables) and the schema itself, which
+    saved queries are analysed against again (``analyses``, by plan id: a column added to an
+    inner table can take an unqualified name from an outer one). Compared by value: the
+    schema's relations, columns, views, trees, functions and operators."""
 
-    __slots__ = ("trees", "views")
+    __slots__ = ("trees", "views", "schema", "analyses", "_key")
 
-    def __init__(self, trees: Trees, views: frozenset[tuple[str, str]] = frozenset()) -> None:
+    def __init__(self, trees: Trees, views: frozenset[tuple[str, str]] = frozenset(),
+                 schema: Schema | None = None) -> None:
         self.trees = trees
         self.views = views
+        self.schema = schema
+        self.analyses: dict[str, object] = {}   # filled by gateway.pipeline.plans
+        self._key = None if schema is None else (
+            schema.relations, schema.parents, schema.functions, schema.search_path, schema.operators,
+            schema.extension_relations)
 
     def get(self, table: tuple[str, str], default: tuple = ()) -> tuple[tuple[str, str], ...]:
         return self.trees.get(table, default)
 
     def __eq__(self, other: object) -> bool:
-        return isinstance(other, Kin) and self.trees == other.trees and self.views == other.views
+        return isinstance(other, Kin) and self.trees == other.trees and self.views == other.views \
+            and self._key == other._key
 
     __hash__ = None  # type: ignore[assignment]  # mutable-looking: compared, never hashed
 
@@ -142,7 +152,7 @@ class Schema:
 
     def kinship(self) -> Kin:
         """The trees and views as they are now (``Kin``), for the planner."""
-        return Kin(kinship(self), self.views)
+        return Kin(kinship(self), self.views, self)
 
     @staticmethod
     def _key(name: str) -> tuple[str, str]:

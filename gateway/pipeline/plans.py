@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 from .. import governance
 from ..errors import GatewayError, bad_request
-from ..governance.policy import refused_now
+from ..governance.policy import analyze_under, refused_now
 
 if TYPE_CHECKING:
     from ..governance.schema import Kin
@@ -31,15 +31,19 @@ def plan_for(catalog: Catalog, key: ApiKey, subject: QueryVersion | AdHocStateme
     got: governance.CallPlan | tuple | None = held[1] if held is not None and held[0] is kin else None
     if got is None:
         try:
-            if subject.analysis is None:
+            analysis = subject.analysis
+            if analysis is None:
                 raise bad_request("analysis_failed", "this version was saved by an older release or without an "
                                   "analysis; save it again")
+            positional = getattr(subject, "positional", None)   # a saved version (ad hoc: analysed on this copy)
+            if kin is not None and kin.schema is not None and positional:
+                analysis = _analysis_now(subject.plan_id, positional, kin, settings)
             # Saved under another gateway's settings, perhaps: planned under this one's.
-            refused_now(subject.analysis, settings)
+            refused_now(analysis, settings)
             grants = key.governance
             if key.query_governance is not None:   # a per-query write grant (the memo is per statement)
                 grants = key.query_governance.get(getattr(subject, "name", ""), grants)
-            got = governance.plan(subject.analysis, grants, subject.masks, hash_key=mask_key,
+            got = governance.plan(analysis, grants, subject.masks, hash_key=mask_key,
                                   server_allows_writes=settings.allow_writes, kin=kin)
         except GatewayError as exc:
             got = (exc.status, exc.code, exc.message, exc.extra, exc.headers)
@@ -47,3 +51,21 @@ def plan_for(catalog: Catalog, key: ApiKey, subject: QueryVersion | AdHocStateme
     if type(got) is tuple:  # a fresh exception each time: one raised twice would grow its traceback
         raise GatewayError(got[0], got[1], got[2], extra=got[3], headers=got[4])
     return got  # type: ignore[return-value]  # not a tuple: a plan
+
+
+def _analysis_now(plan_id: str, positional: str, kin: Kin, settings: Settings) -> governance.Analysis:
+    """A saved version's statement analysed again against the schema as the worker last read
+    it, once per version while that schema is unchanged (kept on ``kin``): the stored analysis
+    knows the schema of the save, and PostgreSQL resolves names against today's (a column
+    added to an inner table takes an unqualified name from an outer one; a table became a
+    view). A statement that no longer analyses is refused as at save time."""
+    got = kin.analyses.get(plan_id)
+    if got is None:
+        try:
+            got = analyze_under(positional, kin.schema, settings)  # type: ignore[arg-type]  # checked by the caller
+        except GatewayError as exc:
+            got = (exc.status, exc.code, exc.message, exc.extra, exc.headers)
+        kin.analyses[plan_id] = got
+    if type(got) is tuple:
+        raise GatewayError(got[0], got[1], got[2], extra=got[3], headers=got[4])
+    return got  # type: ignore[return-value]  # not a tuple: an analysis
