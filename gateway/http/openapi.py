@@ -19,6 +19,7 @@ from ..errors import GatewayError, unauthorized
 from ..execution.formats import FORMATS
 from ..pipeline.identify import AdminIdentity, identify
 from ..pipeline.plans import plan_for
+from .common import client_ip
 
 if TYPE_CHECKING:
     import falcon
@@ -74,17 +75,18 @@ class Describer:
         self._settings = settings
         self._admin = admin
         self._mask_key = settings.mask_key_bytes()
+        self.hops = settings.trust_proxy
 
-    def caller(self, secret: str | None, required: bool) -> tuple[Catalog, ApiKey | None]:
+    def caller(self, secret: str | None, ip: str, required: bool) -> tuple[Catalog, ApiKey | None]:
         catalog = self._holder.current()
         if not secret:
             if required:
                 raise unauthorized("missing API key (send it as X-API-Key)")
             return catalog, None
-        return catalog, identify(secret, catalog, self._admin)
+        return catalog, identify(secret, catalog, self._admin, ip=ip)
 
-    def openapi(self, secret: str | None) -> dict:
-        catalog, key = self.caller(secret, required=False)
+    def openapi(self, secret: str | None, ip: str) -> dict:
+        catalog, key = self.caller(secret, ip, required=False)
         paths: dict[str, Any] = {
             "/q/{name}": {"parameters": [{"name": "name", "in": "path", "required": True,
                                           "schema": {"type": "string"}}],
@@ -127,8 +129,8 @@ class Describer:
                     "responses": {"Error": {"description": "A typed error.", "content": {"application/json": {
                         "schema": {"$ref": "#/components/schemas/Error"}}}}}}}
 
-    def catalog(self, secret: str | None) -> dict:
-        catalog, key = self.caller(secret, required=True)
+    def catalog(self, secret: str | None, ip: str) -> dict:
+        catalog, key = self.caller(secret, ip, required=True)
         assert key is not None
         grants = key.grants
         return {"queries": [{"name": qv.name, "version": qv.version, "description": qv.description,
@@ -216,7 +218,8 @@ class OpenApiResource:
         self._describer = describer
 
     def on_get(self, req: falcon.Request, resp: falcon.Response) -> None:
-        resp.data = orjson.dumps(self._describer.openapi(req.env.get("HTTP_X_API_KEY")))
+        describer = self._describer
+        resp.data = orjson.dumps(describer.openapi(req.env.get("HTTP_X_API_KEY"), client_ip(req.env, describer.hops)))
         resp.content_type = "application/json"
         resp.set_header("Cache-Control", "no-store")   # it depends on the key
 
@@ -226,6 +229,7 @@ class CatalogResource:
         self._describer = describer
 
     def on_get(self, req: falcon.Request, resp: falcon.Response) -> None:
-        resp.data = orjson.dumps(self._describer.catalog(req.env.get("HTTP_X_API_KEY")))
+        describer = self._describer
+        resp.data = orjson.dumps(describer.catalog(req.env.get("HTTP_X_API_KEY"), client_ip(req.env, describer.hops)))
         resp.content_type = "application/json"
         resp.set_header("Cache-Control", "no-store")

@@ -99,9 +99,7 @@ class Pipeline:
         try:
             limits = admission.admit_ip(ip)                                     # 2 admit (the client)
             catalog = self._holder.current()
-            key = identify(secret, catalog, self._admin)                        # 1 identify
-            if key.governance.allowed_ips is not None:
-                key.governance.check_ip(ip)
+            key = identify(secret, catalog, self._admin, ip=ip)                 # 1 identify
             subject = call.resolve(catalog, key)                                # 3 plan
             schemas = self._schemas
             kin = None if schemas is None else schemas.kin(call.connection)  # type: ignore[arg-type]  # set by resolve()

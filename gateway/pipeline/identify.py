@@ -3,7 +3,10 @@ the public prefix finds the record, the secret's digest is compared in constant 
 
 Two rarer cases cost nothing on the common path: a secret whose prefix is a key's previous
 one (rotated, still in its grace period) is compared with the previous digest; a secret with
-no key's prefix may be the admin key, which QueryAPIGate's users also send to the data plane."""
+no key's prefix may be the admin key, which QueryAPIGate's users also send to the data plane.
+
+The key's ``allowed_ips`` is part of identifying it: every use of a key (a call, the
+description of what it may run) names the client address, so no entry point can forget it."""
 from __future__ import annotations
 
 import hmac
@@ -30,7 +33,9 @@ class AdminIdentity:
         return hmac.compare_digest(secret.encode(), self._expected)
 
 
-def identify(secret: str | None, catalog: Catalog, admin: AdminIdentity | None = None) -> ApiKey:
+def identify(secret: str | None, catalog: Catalog, admin: AdminIdentity | None = None, *, ip: str) -> ApiKey:
+    """The key ``secret`` names, used from ``ip`` (the client address; an unknown one, empty,
+    is in no key's ``allowed_ips``)."""
     if not secret:
         raise unauthorized("missing API key (send it as X-API-Key)")
     prefix = crypto.secret_prefix(secret)
@@ -48,4 +53,6 @@ def identify(secret: str | None, catalog: Catalog, admin: AdminIdentity | None =
         raise unauthorized()
     if record.expires_at is not None and record.expired(time.time()):
         raise GatewayError(401, "key_expired", "this API key has expired")
+    if record.governance.allowed_ips is not None:
+        record.governance.check_ip(ip)
     return record

@@ -84,3 +84,21 @@ def test_catalog(api, demo_connection):
         (1, "n", ["t"], demo_connection, False)
     assert doc["caller"]["name"] == name and doc["caller"]["admin"] is False
     assert doc["caller"]["rate_limit"] == "100/minute"
+
+
+def test_a_key_describes_its_catalog_only_from_its_allowed_addresses(http, http_endpoint):
+    # The key's allowed_ips is part of identifying it (pipeline/identify.py), for every use of
+    # the key: /catalog and /openapi.json describe what it may run, so they refuse as /q does.
+    # Over a real socket: the peer address is 127.0.0.1.
+    ep = http_endpoint("SELECT 1 AS one")
+    elsewhere = http.key([ep.query], [ep.connection], allowed_ips=["10.0.0.0/8"])
+    assert http.call(ep.query, elsewhere).json["code"] == "ip_not_allowed"
+    for path in ("/catalog", "/openapi.json"):
+        got = http.request("GET", path, headers={"X-API-Key": elsewhere})
+        assert got.status == 403 and got.json["code"] == "ip_not_allowed", (path, got)
+        assert ep.query not in got.text
+    here = http.key([ep.query], [ep.connection], allowed_ips=["127.0.0.0/8"])
+    assert http.call(ep.query, here).status == 200
+    for path in ("/catalog", "/openapi.json"):
+        got = http.request("GET", path, headers={"X-API-Key": here})
+        assert got.status == 200 and ep.query in got.text, (path, got)
