@@ -35,6 +35,7 @@ class SchemaCache:
         self._schemas: dict[tuple, tuple[float, Schema]] = {}
         self._kin: dict[tuple, Kin] = {}
         self._tried: dict[tuple, float] = {}   # when kin() last started a read, per connection
+        self._kin_until: dict[tuple, tuple[float, Kin]] = {}   # (fresh until, kin), per connection
         self._lock = threading.Lock()
         self._loading: set = set()
 
@@ -56,9 +57,11 @@ class SchemaCache:
             conn.close()
         kin = schema.kinship()
         with self._lock:
-            self._schemas[connection.identity] = (time.monotonic(), schema)
-            if self._kin.get(connection.identity) != kin:   # unchanged trees keep their object
+            read_at = time.monotonic()
+            self._schemas[connection.identity] = (read_at, schema)
+            if self._kin.get(connection.identity) != kin:   # an unchanged schema keeps its object
                 self._kin[connection.identity] = kin
+            self._kin_until[connection.identity] = (read_at + self._ttl_s, self._kin[connection.identity])
         return schema
 
     def fresh(self, connection: Connection) -> Schema:
@@ -99,6 +102,12 @@ class SchemaCache:
         None before the first read. Never waits: a stale copy is read again behind, as for
         ad-hoc statements, so a partition attached after a query was saved counts within
         ``ttl_s`` of the change."""
+        fresh = self._kin_until.get(connection.identity)
+        if fresh is not None and fresh[0] > time.monotonic():   # the hot path: one lookup, one clock read
+            return fresh[1]
+        return self._kin_stale(connection)
+
+    def _kin_stale(self, connection: Connection) -> Kin | None:
         identity = connection.identity
         held = self._schemas.get(identity)
         now = time.monotonic()
