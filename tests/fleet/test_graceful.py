@@ -327,3 +327,49 @@ def test_reload_recycling_kill_and_stop_under_load_fail_no_request(services, tmp
     bad_after = [(c.status, c.code, c.body) for c in after_stop
                  if not (c.status == 200 and c.body == [{"v": 1}]) and not refused(c)]
     assert not bad_after, f"{len(bad_after)} calls failed other than refused after the stop: {bad_after[:5]}"
+
+
+def test_one_socket_per_worker_reload_and_recycling_fail_no_request(services, tmp_path_factory):
+    """Issue 12, item 5, with one listening socket per worker (``GATEWAY_REUSE_PORT=on``): the
+    kernel spreads new connections over the workers' sockets by a hash, so a worker that leaves
+    while connections are queued on its own socket must not reset them. 8 keep-alive clients and
+    4 opening a connection a call (the accept queues are never empty) through a worker recycling
+    (max_requests) and a SIGHUP reload: every call answered, every body checked."""
+    from helpers.api import Api
+    from helpers.load import Load
+    from helpers.masters import Master
+    from helpers.util import wait_until
+
+    master = Master(services, tmp_path_factory.mktemp("reuseport-home"), workers=2, cpus="auto",
+                    reuse_port="on", max_requests=RECYCLE_AFTER)
+    master.start()
+    admin = Api.over_http(master.base, services)
+    seen: set[int] = set()
+    try:
+        connection = admin.connection()
+        query = admin.query("SELECT 1 AS v", connection=connection)
+        _, secret = admin.named_key([query], [connection])
+        keepalive = Load(master.base, f"/q/{query}", secret, threads=8, keep_bodies=True)
+        fresh = Load(master.base, f"/q/{query}", secret, threads=4, close=True, keep_bodies=True)
+        keepalive.start()
+        fresh.start()
+        first = set(master.worker_pids())
+        wait_until(lambda: seen.update(master.worker_pids()) or set(master.worker_pids()) - first, 60, 0.02,
+                   "a worker recycled")
+        time.sleep(EVENT_WINDOW_S)
+        old = set(master.worker_pids())
+        master.proc.send_signal(signal.SIGHUP)
+        wait_until(lambda: seen.update(master.worker_pids()) or (not set(master.worker_pids()) & old
+                                                                   and len(master.worker_pids()) == 2),
+                   30, 0.05, "the reload")
+        time.sleep(EVENT_WINDOW_S)
+        keepalive.stop()
+        fresh.stop()
+    finally:
+        admin.close()
+        master.stop()
+    calls = keepalive.calls + fresh.calls
+    bad = [(c.status, c.code, str(c.body)[:120]) for c in calls if c.status != 200 or c.body != [{"v": 1}]]
+    print(f"{len(calls)} calls ({len(fresh.calls)} on fresh connections), {len(seen)} workers seen")
+    assert len(seen) >= 5 and len(fresh.calls) > 200
+    assert not bad, f"{len(bad)} of {len(calls)} calls failed: {bad[:5]}"
