@@ -275,6 +275,16 @@ class LeasedAdmission:
         with lease.lock:
             return max(quota.rows - lease.rows_used - lease.rows_pending, 0)
 
+    def take_rows(self, key: ApiKey, wanted: int) -> int:
+        quota = key.quota
+        if quota is None or quota.rows is None:
+            return wanted
+        lease = self._quota_lease(key, quota)
+        with lease.lock:   # checked and charged at once: concurrent streams share what is left
+            granted = max(0, min(wanted, quota.rows - lease.rows_used - lease.rows_pending))
+            lease.rows_pending += granted
+        return granted
+
     def enter(self, key: ApiKey) -> Place:
         return self.running.enter(key)
 

@@ -93,7 +93,12 @@ class Admission(Protocol):
 
     def rows_left(self, key: ApiKey) -> int | None:
         """Rows the key may still receive this period as far as this worker knows (None:
-        no rows quota). A stream stops there; a page may overshoot by its own size."""
+        no rows quota). A page may overshoot by its own size."""
+
+    def take_rows(self, key: ApiKey, wanted: int) -> int:
+        """Charge up to ``wanted`` rows to the key's rows quota and say how many (all of them
+        without a rows quota): the check and the charge in one step, so streams of one key
+        running at once in this worker share what is left instead of each sending all of it."""
 
     def usage(self, keys: Iterable[ApiKey]) -> list[dict]: ...
 
@@ -124,6 +129,9 @@ class AdmitAll:
 
     def rows_left(self, key: ApiKey) -> int | None:
         return None
+
+    def take_rows(self, key: ApiKey, wanted: int) -> int:
+        return wanted
 
     def usage(self, keys: Iterable[ApiKey]) -> list[dict]:
         return []

@@ -159,11 +159,8 @@ class Pipeline:
         text = call.stream_text(subject, bound)
         columns, batches = runner.stream(pool, text, timeout_ms, self._settings.stream_fetch_rows)
         batches = _logged(batches, request_id)
-        limit = self._admission.rows_left(key)
-        if plan.max_rows is not None:
-            limit = plan.max_rows if limit is None else min(limit, plan.max_rows)
         admission = self._admission
-        send_stream(resp, args, plan, columns, batches, limit, lambda rows: admission.settle(key, rows))
+        send_stream(resp, args, plan, columns, batches, plan.max_rows, lambda rows: admission.take_rows(key, rows))
         return None
 
 

@@ -37,12 +37,14 @@ def send_page(resp: falcon.Response, args: CallArgs, size: int, plan: CallPlan, 
 
 
 def send_stream(resp: falcon.Response, args: CallArgs, plan: CallPlan, columns: Sequence[str], batches: Batches,
-                limit: int | None, charge: Callable[[int], object]) -> None:
+                limit: int | None, take: Callable[[int], int]) -> None:
+    """``limit``: the key's ``max_rows`` (None: none); ``take(n)``: charges up to n rows to the
+    rows quota and says how many may go (``Admission.take_rows``)."""
     if not plan.identity:
         out = plan.columns(columns)
         batches = _masked(plan, columns, batches)
         columns = out
-    resp.stream = stream_chunks(args.fmt, columns, _metered(batches, limit, charge))
+    resp.stream = stream_chunks(args.fmt, columns, _metered(batches, limit, take))
     resp.content_type = CONTENT_TYPES[args.fmt]
     resp.set_header("X-Stream", "true")
 
@@ -55,22 +57,24 @@ def _masked(plan: CallPlan, columns: Sequence[str], batches: Batches) -> Batches
         batches.close()
 
 
-def _metered(batches: Batches, limit: int | None, charge: Callable[[int], object]) -> Batches:
-    """A stream capped at ``limit`` rows (None: no cap), each batch charged as it is sent;
-    the cursor is closed early when the cap is reached."""
+def _metered(batches: Batches, limit: int | None, take: Callable[[int], int]) -> Batches:
+    """A stream capped at ``limit`` rows (None: no cap) and at the rows quota: each batch is
+    charged as it is sent, as far as the quota grants it (checked and charged in one step);
+    the cursor is closed early when either runs out."""
     left = limit
     try:
         for batch in batches:
+            if left is not None and len(batch) > left:
+                batch = batch[:left]
+            wanted = len(batch)
+            granted = take(wanted) if wanted else 0
+            if granted < wanted:
+                batch = batch[:granted]
             if left is not None:
-                if len(batch) >= left:
-                    batch = batch[:left]
-                    left = 0
-                else:
-                    left -= len(batch)
+                left -= len(batch)
             if batch:
-                charge(len(batch))
                 yield batch
-            if left == 0:
+            if granted < wanted or left == 0:
                 return
     finally:
         batches.close()

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 
+import falcon.testing
+
 
 def test_a_stream_stops_at_the_rows_quota_and_is_charged(api, endpoint):
     ep = endpoint("SELECT aid FROM pgbench_accounts WHERE aid <= 5000 ORDER BY aid")
@@ -35,3 +37,29 @@ def test_adhoc_rows_count_against_the_quota(api, demo_connection):
     assert first.status == 200 and len(first.json) == 50, first   # a page may overshoot by its own size
     refused = api.adhoc(secret, body)
     assert refused.status == 429 and refused.json["code"] == "quota_exceeded", refused
+
+
+def test_streams_at_once_share_the_rows_quota(api, endpoint, app):
+    """Three streams of one key opened before any of them sends a row (as concurrent calls
+    are): the quota is checked and charged in one step per batch, so together they send the
+    quota and no more (before: each read what was left when it opened and sent all of it,
+    15 rows for a 5-row quota)."""
+    ep = endpoint("SELECT aid FROM pgbench_accounts WHERE aid <= 5000 ORDER BY aid")
+    secret = api.key([ep.query], [ep.connection], quota={"rows": 5, "per": "day"})
+    bodies = []
+    for _ in range(3):
+        environ = falcon.testing.create_environ(f"/q/{ep.query}", query_string="stream=true&format=ndjson",
+                                                headers={"X-API-Key": secret})
+        statuses: list = []
+        bodies.append((app(environ, lambda status, headers, *exc, into=statuses: into.append(status)), statuses))
+    sent = []
+    for body, statuses in bodies:
+        assert statuses == ["200 OK"], statuses
+        try:
+            sent.append(b"".join(body).count(b"\n"))
+        finally:
+            close = getattr(body, "close", None)
+            if close is not None:
+                close()
+    assert sum(sent) == 5, sent
+    assert api.call(ep.query, secret, {"stream": "true", "format": "ndjson"}).status == 429
