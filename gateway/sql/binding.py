@@ -13,7 +13,7 @@ from datetime import date, datetime
 from typing import Any
 
 from ..errors import GatewayError, bad_request
-from .reader import Statement, parse_tree, shape
+from .reader import Statement, alike, parse_tree, shape
 
 _INT4 = (-(2 ** 31), 2 ** 31 - 1)
 _INT8 = (-(2 ** 63), 2 ** 63 - 1)
@@ -78,7 +78,7 @@ def literal(value: Any, cast: str | None = None) -> tuple[str, dict]:
 class Template:
     """A statement read by PostgreSQL's parser, ready to take one literal per parameter."""
 
-    __slots__ = ("_pieces", "_numbers", "_shape", "_casts")
+    __slots__ = ("_pieces", "_numbers", "_tree", "_casts")
 
     def __init__(self, statement: Statement, casts: Sequence[str | None] | None = None) -> None:
         text, pieces, numbers, last = statement.text, [], [], 0
@@ -92,7 +92,7 @@ class Template:
         pieces.append(text[last:])
         self._pieces = tuple(pieces)
         self._numbers = tuple(numbers)
-        self._shape = shape(statement.tree)
+        self._tree = statement.tree
         self._casts = tuple(casts) if casts is not None else (None,) * (max(numbers, default=-1) + 1)
 
     def render(self, values: Sequence) -> str:
@@ -106,26 +106,9 @@ class Template:
             parts.append(piece)
         text = "".join(parts)
         try:
-            tree = shape(parse_tree(text))
+            tree = parse_tree(text)
         except GatewayError:
             tree = None
-        except RecursionError:
-            tree = None
-        if tree is None or not _same(self._shape, tree, [node for _, node in made]):
+        if tree is None or not alike(self._tree, tree, [node for _, node in made]):
             raise bad_request("param_invalid", "a value would change the statement; it was not run")
         return text
-
-
-def _same(template: Any, tree: Any, expected: list) -> bool:
-    """Equal trees, except that each ParamRef of the template must be its expected literal."""
-    if isinstance(template, dict):
-        param = template.get("ParamRef")
-        if param is not None and len(template) == 1:
-            return tree == expected[param["number"] - 1]
-        if not isinstance(tree, dict) or tree.keys() != template.keys():
-            return False
-        return all(_same(v, tree[k], expected) for k, v in template.items())
-    if isinstance(template, list):
-        return isinstance(tree, list) and len(tree) == len(template) and \
-            all(_same(a, b, expected) for a, b in zip(template, tree, strict=True))
-    return template == tree

@@ -35,6 +35,9 @@ _OPENERS = frozenset(("ASCII_40", "ASCII_91"))      # ( [
 _CLOSERS = frozenset(("ASCII_41", "ASCII_93"))      # ) ]
 _WRITES = {"InsertStmt": "insert", "UpdateStmt": "update", "DeleteStmt": "delete", "MergeStmt": "merge"}
 _WRITE_KEYS = frozenset(_WRITES)
+# A row lock (FOR UPDATE, FOR NO KEY UPDATE, FOR SHARE, FOR KEY SHARE) anywhere in a statement:
+# a side effect on other sessions, whatever the statement's kind.
+_LOCKS = frozenset(("LockingClause",))
 
 
 def _invalid(message: str) -> GatewayError:
@@ -204,6 +207,8 @@ def _parse_one(text: str) -> dict:
 
 
 def _kind(node: str, body: dict) -> str:
+    if _contains(body, _LOCKS):
+        raise bad_request("sql_not_allowed", "row locks (FOR UPDATE / FOR SHARE) are not allowed")
     if node in _WRITES:
         if _contains(body, _WRITE_KEYS):
             raise bad_request("sql_not_allowed", "data-modifying statements inside a statement are not allowed")
@@ -235,7 +240,7 @@ def paged(statement: Statement) -> Statement:
         inner = wrapped.tree["SelectStmt"]["fromClause"][0]["RangeSubselect"]["subquery"]
     except (KeyError, IndexError, TypeError):
         inner = None
-    if inner is None or shape(inner) != shape(statement.tree):
+    if inner is None or not alike(statement.tree, inner):
         raise _failed("the statement does not stay whole inside the paging wrapper")
     return wrapped
 
@@ -324,17 +329,88 @@ def words_of(text: str) -> tuple[tuple[str, str], ...]:
 
 
 # --- shapes: the tree without source positions ---------------------------------------------
-_POSITION_KEYS = frozenset(("location", "stmt_location", "stmt_len"))
+def _position_keys() -> frozenset[str]:
+    """The fields of PostgreSQL's parse nodes that hold a position in the text (``ParseLoc``):
+    ``location`` and, since PostgreSQL 18, where an IN list or an ARRAY[...] starts and ends
+    (``rexpr_list_start``, ``list_end``, ...). They move with every literal bound before them
+    and with the paging wrapper, and say nothing about what the statement does. Read from
+    pglast's node definitions, so a parser that adds one cannot make every such statement
+    "change shape"."""
+    import inspect
+
+    from pglast import ast
+
+    keys = {"location", "stmt_location", "stmt_len"}
+    for node in vars(ast).values():
+        fields = getattr(node, "__slots__", None) if inspect.isclass(node) else None
+        if isinstance(fields, dict):
+            keys.update(k for k, kind in fields.items() if getattr(kind, "c_type", kind) == "ParseLoc")
+    return frozenset(keys)
+
+
+_POSITION_KEYS = _position_keys()
+
+
+def _position(key: str, value: Any) -> bool:
+    # Positions are integers (CreateTableSpaceStmt's "location" is a path, not a position).
+    return key in _POSITION_KEYS and type(value) is int
 
 
 def shape(tree: Any) -> Any:
     """The tree with every source position removed: two statements with the same shape
-    differ only in layout (spaces, comments)."""
-    if isinstance(tree, dict):
-        return {k: shape(v) for k, v in tree.items() if k not in _POSITION_KEYS}
-    if isinstance(tree, list):
-        return [shape(v) for v in tree]
-    return tree
+    differ only in layout (spaces, comments). Built without recursion: a tree may be as
+    deep as the JSON reader allows (1,024 levels), deeper than Python's stack."""
+    root: list = [None]
+    stack: list[tuple[Any, Any, Any]] = [(tree, root, 0)]
+    while stack:
+        item, into, at = stack.pop()
+        if isinstance(item, dict):
+            made: Any = {}
+            for k, v in item.items():
+                if not _position(k, v):
+                    made[k] = None
+                    stack.append((v, made, k))
+        elif isinstance(item, list):
+            made = [None] * len(item)
+            stack.extend((v, made, i) for i, v in enumerate(item))
+        else:
+            made = item
+        into[at] = made
+    return root[0]
+
+
+def alike(template: Any, tree: Any, params: Sequence[Any] | None = None) -> bool:
+    """Whether ``tree`` is ``template``, source positions aside; with ``params``, each
+    parameter ``$n`` of the template must be ``params[n-1]`` (a parse node) in the tree.
+    Compared without recursion (``==`` on nested dicts recurses in C and can raise
+    RecursionError on a deep tree)."""
+    stack: list[tuple[Any, Any]] = [(template, tree)]
+    while stack:
+        a, b = stack.pop()
+        if isinstance(a, dict):
+            if not isinstance(b, dict):
+                return False
+            param = a.get("ParamRef") if params is not None and len(a) == 1 else None
+            if isinstance(param, dict):
+                number = param.get("number")
+                if type(number) is not int or not 1 <= number <= len(params):   # type: ignore[arg-type]
+                    return False
+                stack.append((params[number - 1], b))   # type: ignore[index]
+                continue
+            keys = [k for k, v in a.items() if not _position(k, v)]
+            if len(keys) != sum(1 for k, v in b.items() if not _position(k, v)):
+                return False
+            for k in keys:
+                if k not in b:
+                    return False
+                stack.append((a[k], b[k]))
+        elif isinstance(a, list):
+            if not isinstance(b, list) or len(a) != len(b):
+                return False
+            stack.extend(zip(a, b, strict=True))
+        elif type(a) is not type(b) or a != b:
+            return False
+    return True
 
 
 def dumps(tree: Any) -> bytes:
