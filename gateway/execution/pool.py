@@ -114,9 +114,13 @@ def session_options(statement_timeout_ms: int, read_only: bool, search_path: str
     # The search path is pinned: the analysis resolved table names through it.
     path = search_path.replace(" ", "").replace(",", "\\,")
     # standard_conforming_strings is pinned on: gateway.sql reads and writes literals that
-    # way, so the server must too, whatever the database's or the role's default.
+    # way, so the server must too, whatever the database's or the role's default. The client
+    # encoding is pinned to UTF-8, the text gateway.sql reads: in a database of another
+    # encoding (LATIN1, SQL_ASCII) the driver would otherwise encode values and statements
+    # itself and fail on a character it cannot encode (a 500); the server's conversion
+    # refuses such a character with its SQLSTATE (22P05) instead.
     opts = (f"-c statement_timeout={int(statement_timeout_ms)} -c idle_in_transaction_session_timeout=60000"
-            f" -c search_path={path} -c standard_conforming_strings=on")
+            f" -c search_path={path} -c standard_conforming_strings=on -c client_encoding=UTF8")
     if read_only:
         opts += " -c default_transaction_read_only=on"
     return opts

@@ -195,12 +195,15 @@ def _execute_text(pool: SessionPool, sql: str, timeout_ms: int | None, write: bo
 
 
 def _literals_read_as_written(session: Session) -> None:
-    """Literals in statement text are written for standard_conforming_strings = on, the
-    setting every data session pins (pool.session_options); the server reports it to the
-    client (no round trip). Should anything have turned it off, nothing runs."""
-    if session.conn.info.parameter_status("standard_conforming_strings") != "on":
+    """Literals in statement text are written for standard_conforming_strings = on and in
+    UTF-8, the settings every data session pins (pool.session_options); the server reports
+    both to the client (no round trip). Should anything have changed them, nothing runs."""
+    info = session.conn.info
+    if info.parameter_status("standard_conforming_strings") != "on" or \
+            info.parameter_status("client_encoding") != "UTF8":
         raise unavailable("database_unavailable", "the data session does not read strings as the gateway writes "
-                          "them (standard_conforming_strings is off); nothing was run")
+                          "them (standard_conforming_strings off, or a client encoding other than UTF-8); "
+                          "nothing was run")
 
 
 def _give_back(pool: SessionPool, session: Session, broken: bool) -> None:

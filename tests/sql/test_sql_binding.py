@@ -281,3 +281,29 @@ def test_deep_trees_answer_4xx_never_500(api, demo_connection, caplog, kind, siz
             assert got.status == 200 or (got.status == 400 and got.json["code"] == "query_failed"), (extra, got)
     assert all(len(record.getMessage()) < 8000 for record in caplog.records)
 
+
+def test_a_database_in_another_encoding(api, superuser):
+    """A LATIN1 database: values and statement text travel as UTF-8 (the session pins
+    client_encoding), so a character the database cannot hold is the database's refusal
+    (400 query_failed), never a 500 in the driver."""
+    database = unique("latin").lower()
+    superuser(f"CREATE DATABASE {database} ENCODING 'LATIN1' LC_COLLATE 'C' LC_CTYPE 'C' TEMPLATE template0",
+              db="postgres")
+    connection = api.connection(unique("latin"), database=database)
+    secret = api.key([], [connection])
+    for value, status in (("café", 200), ("€ Ω", 400)):
+        for extra in ({}, {"stream": True, "format": "ndjson"}):
+            got = api.adhoc(secret, {"sql": "SELECT :p AS v", "params": {"p": value}, "connection_name": connection,
+                                     **extra})
+            assert got.status == status, (value, extra, got)
+            if status == 200:
+                assert json.loads(got.text.splitlines()[0]) in ([{"v": value}], {"v": value}), got
+            else:
+                assert got.json["code"] == "query_failed" and got.json["sqlstate"] == "22P05", got
+    got = api.adhoc(secret, {"sql": "SELECT 'Ω' AS v", "connection_name": connection})
+    assert got.status == 400 and got.json["code"] == "query_failed", got
+    ep = api.endpoint("SELECT :p AS v", {"p": {"type": "str"}}, connection=connection)
+    for value, status in (("café", 200), ("€ Ω", 400)):
+        for extra in ({}, {"stream": "true", "format": "ndjson"}):
+            got = api.call(ep.query, ep.secret, {"p": value, **extra})
+            assert got.status == status, (value, extra, got)
