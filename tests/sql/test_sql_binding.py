@@ -129,60 +129,111 @@ _CONTENT = st.lists(st.one_of(_TRICKY, st.text(_CHARS, max_size=4)), max_size=6)
 
 
 @st.composite
-def _construct(draw) -> str:
-    """A piece of SQL text that quotes or comments something, as PostgreSQL writes it."""
+def _construct(draw) -> tuple[str, str]:
+    """(kind, a piece of SQL text that quotes or comments something, as PostgreSQL writes it)."""
     content = draw(_CONTENT)
-    kind = draw(st.sampled_from(["string", "escape", "dollar", "block", "line", "ident", "word_e"]))
-    if kind == "string":
-        return "'" + content.replace("'", "''") + "'"
+    kind = draw(st.sampled_from(["string", "escape", "dollar", "block", "nested", "line", "ident", "word_e",
+                                 "unicode"]))
+    if kind == "string":   # backslashes and all: a standard string ends only at a lone quote
+        return kind, "'" + content.replace("'", "''") + "'"
     if kind == "escape":
-        return "E'" + content.replace("\\", "\\\\").replace("'", "\\'") + "'"
+        return kind, "E'" + content.replace("\\", "\\\\").replace("'", "\\'") + "'"
     if kind == "dollar":
         tag = draw(_TAG)
-        return f"${tag}$" + content.replace(f"${tag}$", "") + f"${tag}$"
+        return kind, f"${tag}$" + content.replace(f"${tag}$", "") + f"${tag}$"
     if kind == "block":
-        return "/* " + content.replace("*/", "").replace("/*", "") + " */ 1"
+        return kind, "/* " + content.replace("*/", "").replace("/*", "") + " */ 1"
+    if kind == "nested":   # PostgreSQL's block comments nest
+        inner = content.replace("*/", "").replace("/*", "")
+        return kind, "/* a /* " + inner + " */ :p /* " + inner + " */ b */ 1"
     if kind == "line":
-        return "-- " + content.replace("\n", " ").replace("\r", " ") + "\n 1"
+        return kind, "-- " + content.replace("\n", " ").replace("\r", " ") + "\n 1"
     if kind == "ident":
-        return '1 AS "' + (content.replace('"', '""') or "x") + '"'
-    return "1 AS somee"
+        return kind, '1 AS "' + (content.replace('"', '""') or "x") + '"'
+    if kind == "unicode":   # U&'...', with or without UESCAPE: refused outright by the reader
+        escape = draw(st.sampled_from(["\\", "!", "#"]))
+        text = "U&'" + content.replace("'", "''").replace(escape, escape * 2) + "'"
+        return kind, text + (f" UESCAPE '{escape}'" if escape != "\\" or draw(st.booleans()) else "")
+    return kind, "1 AS somee"
+
+
+def _connect(services, database: str, options: str | None):
+    conn = psycopg2.connect(host="127.0.0.1", port=PG_PORT, dbname=database, user="postgres",
+                            password=services.pg.password(), options=options)
+    conn.autocommit = True
+    return conn
 
 
 @pytest.fixture(scope="module")
-def data_session(services):
-    conn = psycopg2.connect(host="127.0.0.1", port=PG_PORT, dbname="demo", user="postgres",
-                            password=services.pg.password(), options=session_options(5000, True))
-    conn.autocommit = True
-    yield conn
-    conn.close()
+def data_sessions(services, superuser):
+    """Data sessions as the gateway opens them, on the demo database and on one whose
+    database and role defaults are standard_conforming_strings = off (pinned on by the
+    session's options); and a session of the latter left at off, for EXECUTE's arguments,
+    which the driver quotes for the session's setting."""
+    database = unique("nonstd_prop").lower()
+    superuser(f"CREATE DATABASE {database}", db="postgres")
+    superuser(f"ALTER DATABASE {database} SET standard_conforming_strings = off", db="postgres")
+    superuser(f"ALTER ROLE postgres IN DATABASE {database} SET standard_conforming_strings = off", db="postgres")
+    pinned = [_connect(services, "demo", session_options(5000, True)),
+              _connect(services, database, session_options(5000, True))]
+    off = _connect(services, database, None)
+    assert [c.info.parameter_status("standard_conforming_strings") for c in pinned + [off]] == ["on", "on", "off"]
+    yield pinned, off
+    for conn in pinned + [off]:
+        conn.close()
+
+
+def _run(conn, text: str, value=None, prepared: bool = False):
+    with conn.cursor() as cur:
+        if prepared:
+            cur.execute("DEALLOCATE ALL")
+            cur.execute(f"PREPARE gw_prop AS {text}")
+            cur.execute("EXECUTE gw_prop(%s)", (value,))
+        else:
+            cur.execute(text)
+        return [d.name for d in cur.description], cur.fetchall()
 
 
 @hsettings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
                                                                       HealthCheck.too_slow])
 @given(before=_construct(), after=_construct(), value=_CONTENT)
-def test_no_value_changes_the_statement(data_session, before, after, value):
-    sql = f"SELECT {before}, :p AS v, {after}"
+def test_no_value_changes_the_statement(data_sessions, before, after, value):
+    """Quoting constructs (standard and E'' strings with backslashes, dollar quotes with any
+    tag, nested comments, quoted identifiers, U&'' with and without UESCAPE) around a
+    placeholder: the reader finds :p only where PostgreSQL reads code, and no value changes
+    the statement, on sessions whose defaults are standard_conforming_strings on or off."""
+    sql = f"SELECT {before[1]}, :p AS v, {after[1]}"
     try:
         statement = read(sql)
     except GatewayError as error:
         assert error.status == 400
         return
+    assert "unicode" not in (before[0], after[0]), "a U&'' string was read"
     # The reader found :p where PostgreSQL reads code, and only there.
     assert statement.order == ("p",)
     rendered = Template(paged(statement)).render([value, 1000, 0])
-    with data_session.cursor() as cur:
-        cur.execute(rendered)
-        rows = cur.fetchall()
-        names = [d.name for d in cur.description]
-    assert len(rows) == 1 and names.count("v") == 1
-    assert rows[0][names.index("v")] == value
-    # And the same statement, prepared with the value sent as a parameter, agrees.
-    with data_session.cursor() as cur:
-        cur.execute("DEALLOCATE ALL")
-        cur.execute(f"PREPARE gw_prop AS {statement.text}")
-        cur.execute("EXECUTE gw_prop(%s)", (value,))
-        assert cur.fetchall() == rows
+    pinned, off = data_sessions
+    answers = []
+    for conn in pinned:
+        names, rows = _run(conn, rendered)
+        assert len(rows) == 1 and names.count("v") == 1
+        assert rows[0][names.index("v")] == value
+        answers.append(rows)
+        # And the same statement, prepared with the value sent as a parameter, agrees.
+        assert _run(conn, statement.text, value, prepared=True)[1] == rows
+    assert answers[0] == answers[1]
+    # The prepared path's arguments (EXECUTE's, quoted by the driver) are data on a session
+    # left at off, too. (Statement text is not: it is read as written only with the setting
+    # on, which is why every data session pins it.)
+    assert _run(off, "SELECT $1::text AS v", value, prepared=True)[1] == [(value,)]
+
+
+@pytest.mark.parametrize("text", ["U&'d\\0061t\\+000061'", "U&'d!0061t!+000061' UESCAPE '!'",
+                                  "u&'\\0027' || current_user", 'U&"d\\0061t"', "U&'x' UESCAPE '#'"])
+def test_unicode_escapes_are_refused_around_a_placeholder(text):
+    with pytest.raises(GatewayError) as info:
+        read(f"SELECT {text}, :p AS v")
+    assert info.value.code == "analysis_failed", info.value
 
 
 @pytest.mark.parametrize("value", ["'", "\\", "$é$", "*/", "--", "'); DROP TABLE x; --", "\\'' OR 1=1 --"])
