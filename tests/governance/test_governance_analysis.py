@@ -3,6 +3,7 @@ whole-row references, functions, name resolution, and the fail-closed refusals. 
 schema given as a dict, no database (the corpus test runs the same against PostgreSQL)."""
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -12,6 +13,8 @@ from hypothesis import strategies as st
 from gateway.errors import CODES, GatewayError
 from gateway.governance import DEFAULT_DENIED, Analysis, Grants, Schema, analyze, plan, qname, split_qname
 from gateway.governance.codes import CODES as GOVERNANCE_CODES
+from gateway.sql import Statement, read, read_positional
+from gateway.sql.reader import words_of
 
 SCHEMA = Schema({
     "public.customers": ("id", "name", "email", "country", "plan", "created_at"),
@@ -719,3 +722,38 @@ def test_the_servers_relations_read_are_recorded_for_the_plan():
     del doc["catalogs"]    # stored before the field: pg_catalog's and information_schema's by their schema
     assert Analysis.from_doc(doc).catalogs == ("pg_catalog.pg_class",)
     assert analyze("SELECT id FROM customers", schema).catalogs == ()
+
+
+# --- the two readers agree, or nothing runs (issue 10, item 1) ---------------------------------
+# PostgreSQL's reading (gateway.sql) and sqlglot's are compared word by word, parameter by
+# parameter, by kind and by statement count. Real texts where they split words differently,
+# and readings doctored to differ in one respect each: every disagreement is analysis_failed.
+def _doctored(sql: str, **fields) -> Statement:
+    return dataclasses.replace(read_positional(sql), **fields)
+
+
+@pytest.mark.parametrize("sql", [
+    "SELECT id FROM orders\u00a0",          # a no-break space: part of a name to PostgreSQL, a space to sqlglot
+    "SELECT id AS\u00a0x FROM orders",      # PostgreSQL: the column "as\u00a0x"; sqlglot: x
+    "SELECT id AS x FROM orders WHERE 1_000 > 1",   # PostgreSQL 16+: 1000; sqlglot: 1 and a name
+])
+def test_words_the_readers_split_differently_are_refused(sql):
+    schema = Schema({"public.orders": ("id",), "public.orders\u00a0": ("id",)})
+    refused(read(sql), "analysis_failed", schema)   # as the pipeline reads it: PostgreSQL's tokens, no strip()
+
+
+def test_parameters_the_readers_place_differently_are_refused():
+    statement = read_positional("SELECT $1::int AS a, $2::int AS b")
+    assert analyze(statement, SCHEMA).kind == "read"
+    refused(_doctored(statement.text, params=statement.params[:1]), "analysis_failed")
+    refused(_doctored(statement.text, params=(statement.params[0], statement.params[1] + 1)), "analysis_failed")
+
+
+@pytest.mark.parametrize("sql, kind", [("SELECT id FROM orders", "write"), ("DELETE FROM orders WHERE id = 1", "read")])
+def test_a_kind_the_readers_disagree_on_is_refused(sql, kind):
+    refused(_doctored(sql, kind=kind), "analysis_failed")
+
+
+def test_a_statement_count_the_readers_disagree_on_is_refused():
+    text = "SELECT 1 AS a; SELECT 2"   # nothing in the second for another check to catch
+    refused(_doctored("SELECT 1 AS a", text=text, words=words_of(text)), "analysis_failed")
