@@ -104,6 +104,7 @@ class AdHocStatements:
 class AdHocCall:
     __slots__ = ("name", "version", "connection", "_read_body", "_query_args", "_statements", "_settings", "_body",
                  "_params")
+    admit_before_plan = True   # its statement is read and analysed per distinct text (Pipeline.run)
 
     def __init__(self, read_body: Callable[[], dict], query_args: Mapping[str, Any], statements: AdHocStatements,
                  settings: Settings) -> None:

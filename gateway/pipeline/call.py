@@ -44,7 +44,7 @@ if TYPE_CHECKING:
     from ..governance.schema_cache import SchemaCache
     from ..model.catalog import Catalog, Connection
     from ..model.state import CatalogHolder
-    from ..ports import Admission
+    from ..ports import Admission, Headers
     from ..settings import Settings
     from ..store.history import HistoryWriter
 
@@ -57,6 +57,7 @@ class EntryPoint(Protocol):
     name: str
     version: int | None
     connection: Connection | None
+    admit_before_plan: bool   # whether resolve() costs CPU the caller chooses (see Pipeline.run)
 
     def resolve(self, catalog: Catalog, key: ApiKey) -> Any: ...
 
@@ -100,14 +101,19 @@ class Pipeline:
             limits = admission.admit_ip(ip)                                     # 2 admit (the client)
             catalog = self._holder.current()
             key = identify(secret, catalog, self._admin, ip=ip)                 # 1 identify
+            # An entry point whose plan costs CPU the caller chooses (an ad-hoc statement read and
+            # analysed anew per distinct text) is admitted first: the key's limits bound that cost.
+            early = call.admit_before_plan
+            if early:
+                place, limits = self._admit_key(key, limits)
+                admitted = True
             subject = call.resolve(catalog, key)                                # 3 plan
             schemas = self._schemas
             kin = None if schemas is None else schemas.kin(call.connection)  # type: ignore[arg-type]  # set by resolve()
             plan = plan_for(catalog, key, subject, settings, self._mask_key, kin)
-            if key.max_concurrent is not None:   # before the rate and quota: a refusal here is not charged
-                place = admission.enter(key)                                    # 2 admit (calls running)
-            limits += admission.admit_key(key)                                  # 2 admit (the key)
-            admitted = True
+            if not early:   # after the plan: a call refused by its plan is not charged
+                place, limits = self._admit_key(key, limits)
+                admitted = True
             args = call.call_args()
             bound = call.bind(subject)                                          # 4 bind
             write = subject.kind == "write"
@@ -151,6 +157,18 @@ class Pipeline:
         finally:
             if place is not None:
                 admission.leave(key, place)  # type: ignore[arg-type]  # a place is only taken with a key
+
+    def _admit_key(self, key: ApiKey, limits: Headers) -> tuple[object, Headers]:
+        """2 admit (the key): one of its max_concurrent places first (a refusal there is not
+        charged), then its rate limits and quotas. (the place or None, the limit headers)"""
+        admission = self._admission
+        place = admission.enter(key) if key.max_concurrent is not None else None   # 2 admit (calls running)
+        try:
+            return place, limits + admission.admit_key(key)
+        except BaseException:
+            if place is not None:
+                admission.leave(key, place)
+            raise
 
     def _stream(self, resp: falcon.Response, call: EntryPoint, subject: Any, bound: Any, args: CallArgs,
                 plan: CallPlan, pool: SessionPool, timeout_ms: int | None, key: ApiKey, request_id: str) -> None:

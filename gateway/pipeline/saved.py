@@ -19,6 +19,7 @@ if TYPE_CHECKING:
 
 class SavedCall:
     __slots__ = ("name", "version", "connection", "_params", "_reserved", "_from_text", "_settings", "_defaults")
+    admit_before_plan = False   # a saved version was analysed when it was saved
 
     def __init__(self, name: str, params: Mapping[str, Any], reserved: dict, from_text: bool, settings: Settings,
                  defaults: CallArgs) -> None:

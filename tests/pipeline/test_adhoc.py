@@ -124,3 +124,16 @@ def test_reserved_arguments_come_from_the_query_string_too(api, demo_connection)
     assert [json.loads(line) for line in streamed.text.splitlines()] == everything
     ignored = api.request("POST", "/execute_sql", json_body=body, headers=headers, params={"version": "1"})
     assert ignored.status == 200    # `version` means nothing here: it is not one of this route's arguments
+
+
+def test_the_key_is_charged_before_its_statement_is_analysed(api, demo_connection):
+    """Reading and analysing a new ad-hoc text costs CPU the caller chooses (seconds for a
+    100,000-character statement), so the key's rate limit is charged before it: a key at its
+    limit gets 429 without its statements being read, refused ones count too."""
+    secret = api.key([], [demo_connection], rate_limit="3/minute", allowed_tables=["public.customers"])
+    refused = [api.adhoc(secret, {"sql": f"SELECT {i} AS n FROM orders", "connection_name": demo_connection})
+               for i in range(3)]
+    assert [r.json["code"] for r in refused] == ["table_not_allowed"] * 3, refused
+    got = api.adhoc(secret, {"sql": "SELECT " + "+".join(["1"] * 20000) + " AS x",
+                             "connection_name": demo_connection})
+    assert got.status == 429 and got.json["code"] == "rate_limited", got
