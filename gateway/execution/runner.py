@@ -7,7 +7,7 @@ that same message, so every call is exactly one round trip to the data database.
 from __future__ import annotations
 
 from collections.abc import Callable, Generator, Iterable, Sequence
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, TypeVar, cast
 
 import psycopg2
 import psycopg2.errorcodes
@@ -273,7 +273,36 @@ def _open_stream(pool: SessionPool, sql: str, timeout_ms: int | None,
     except BaseException:
         _end_stream(pool, session, True)
         raise
-    return columns, _batches(pool, session, cur, first, fetch_rows)
+    return columns, cast(Batches, _Batches(pool, session, cur, first, fetch_rows))
+
+
+class _Batches:
+    """A stream's batches, holding its session: ``close()`` gives the session back even when
+    no batch was asked for yet (a refusal after the cursor was opened, a client gone before
+    the first chunk), which a generator's ``finally`` would not do (it never started)."""
+
+    __slots__ = ("_gen", "_pool", "_session", "_started")
+
+    def __init__(self, pool: SessionPool, session: Session, cur: psycopg2.extensions.cursor, first: list[tuple],
+                 fetch_rows: int) -> None:
+        self._gen = _batches(pool, session, cur, first, fetch_rows)
+        self._pool: SessionPool | None = pool
+        self._session: Session | None = session
+        self._started = False
+
+    def __iter__(self) -> _Batches:
+        return self
+
+    def __next__(self) -> list[tuple]:
+        self._started = True
+        return next(self._gen)
+
+    def close(self) -> None:
+        if self._started:
+            self._gen.close()          # its finally gives the session back (once)
+        elif self._session is not None and self._pool is not None:
+            session, self._session = self._session, None
+            _end_stream(self._pool, session, True)   # a cursor never read: the session is not reused
 
 
 def _batches(pool: SessionPool, session: Session, cur: psycopg2.extensions.cursor, first: list[tuple],

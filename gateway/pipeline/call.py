@@ -175,10 +175,16 @@ class Pipeline:
         """A stream's rows are charged batch by batch as they are sent (the history records
         none: they are not all known when the call is recorded)."""
         text = call.stream_text(subject, bound)
-        columns, batches = runner.stream(pool, text, timeout_ms, self._settings.stream_fetch_rows)
-        batches = _logged(batches, request_id)
+        columns, source = runner.stream(pool, text, timeout_ms, self._settings.stream_fetch_rows)
         admission = self._admission
-        send_stream(resp, args, plan, columns, batches, plan.max_rows, lambda rows: admission.take_rows(key, rows))
+        try:
+            send_stream(resp, args, plan, columns, _logged(source, request_id), plan.max_rows,
+                        lambda rows: admission.take_rows(key, rows))
+        except BaseException:   # refused once the cursor was open (the result's names): give its session back
+            source.close()
+            raise
+        # The server closes the body whether it was read or not: the session goes back then.
+        resp.stream = _Closing(resp.stream, source)
         return None
 
 
@@ -196,6 +202,32 @@ def _logged(batches: runner.Batches, request_id: str) -> runner.Batches:
         raise GatewayError(exc.status, exc.code, exc.message, extra=exc.extra) from None
     finally:
         batches.close()
+
+
+class _Closing:
+    """A stream's chunks that close its source (``runner.stream``'s batches, holding a pooled
+    session) when the server closes the body: the generators between them run no ``finally``
+    for a body closed before its first chunk."""
+
+    __slots__ = ("_chunks", "_source")
+
+    def __init__(self, chunks: Any, source: runner.Batches) -> None:
+        self._chunks: Iterator[bytes] = iter(chunks)
+        self._source = source
+
+    def __iter__(self) -> _Closing:
+        return self
+
+    def __next__(self) -> bytes:
+        return next(self._chunks)
+
+    def close(self) -> None:
+        try:
+            close = getattr(self._chunks, "close", None)
+            if close is not None:
+                close()
+        finally:
+            self._source.close()
 
 
 class _LeaveAfter:

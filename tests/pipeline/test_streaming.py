@@ -5,11 +5,13 @@ import json
 import threading
 import time
 
+import falcon.testing
 import pytest
 import requests
 
 from fleet.local.demo import ACCOUNTS
 from gateway.errors import GatewayError
+from gateway.ports import LocalSync
 from helpers.procs import rss_kb
 
 SERIES = "SELECT g AS n, 'row ' || g AS label FROM generate_series(1, :total) AS g ORDER BY g"
@@ -102,6 +104,26 @@ def test_a_stream_cut_by_an_error_is_cut_on_the_wire_too(gunicorn, http_endpoint
     fine = http_endpoint("SELECT 1 AS one")   # the worker serves on
     assert requests.get(f"{gunicorn.base}/q/{fine.query}", headers={"X-API-Key": fine.secret}, timeout=10).json() \
         == [{"one": 1}]
+
+
+def test_a_stream_closed_before_its_first_chunk_gives_its_session_back(endpoint, make_app):
+    """A body closed unread (a client gone before the first chunk; a refusal once the cursor
+    was open) gave its pooled session back only through generators that had never started,
+    whose ``finally`` never ran: the session stayed taken, and after as many such calls as the
+    pool has sessions every call of the connection waited and answered 503 pool_exhausted."""
+    ep = endpoint("SELECT g FROM generate_series(1, 10) g")
+    app = make_app(sync=LocalSync(), pool_size=2)
+    environ = falcon.testing.create_environ(f"/q/{ep.query}", query_string="stream=true&format=csv",
+                                            headers={"X-API-Key": ep.secret})
+    for _ in range(4):
+        statuses: list = []
+        body = app(dict(environ), lambda status, headers, *exc, into=statuses: into.append(status))
+        assert statuses == ["200 OK"], statuses
+        body.close()                                   # not one chunk read
+    started = time.monotonic()
+    got = falcon.testing.TestClient(app).simulate_get(f"/q/{ep.query}", headers={"X-API-Key": ep.secret})
+    assert got.status_code == 200 and len(got.json) == 10, got.text
+    assert time.monotonic() - started < 2     # not after the pool's 5 s wait
 
 
 def test_a_write_cannot_be_streamed(api, endpoint):
