@@ -1384,9 +1384,9 @@ def _operator_name(parts: Iterable[object] | None) -> str | None:
 def _operator_symbols(tree: dict) -> set[str]:
     """Every operator the statement applies, as PostgreSQL's parser reads it: written ones
     (``a && b``, ``OPERATOR(public.&&)``, ``ORDER BY a USING <``) and the ones a construct
-    stands for (``LIKE`` is ``~~``, ``IN``/``NULLIF``/``IS DISTINCT FROM``/``CASE x WHEN`` are
-    ``=``, ``BETWEEN`` is ``<=``/``>=``...). A type's default comparison (GROUP BY, DISTINCT,
-    ORDER BY, UNION) is not followed."""
+    stands for (``LIKE`` is ``~~``, ``IN``/``NULLIF``/``IS DISTINCT FROM``/``CASE x WHEN``/
+    ``JOIN ... USING``/``NATURAL JOIN`` are ``=``, ``BETWEEN`` is ``<=``/``>=``...). A type's
+    default comparison (GROUP BY, DISTINCT, ORDER BY, UNION) is not followed."""
     symbols: set[str] = set()
     for node in nodes(tree):
         expr = node.get("A_Expr")
@@ -1404,8 +1404,32 @@ def _operator_symbols(tree: dict) -> set[str]:
         case = node.get("CaseExpr")
         if isinstance(case, dict) and case.get("arg") is not None:
             symbols.add("=")
+        join = node.get("JoinExpr")   # USING and NATURAL joins compare with "=", looked up by name
+        if isinstance(join, dict) and (join.get("usingClause") or join.get("isNatural")):
+            symbols.add("=")
     symbols.discard("")
     return symbols
+
+
+def _relations_agree(tree: dict, tables: Iterable[tuple[str, str]]) -> None:
+    """Every relation PostgreSQL's parse tree names (a ``RangeVar``) is one the analysis
+    resolved and checked (or a CTE): a construct sqlglot reads otherwise can never take a
+    relation, a catalog's above all, past the allow-lists."""
+    resolved = set(tables)
+    names = {name for _, name in resolved}
+    ctes = {node["CommonTableExpr"].get("ctename") for node in nodes(tree) if "CommonTableExpr" in node}
+    for node in nodes(tree):
+        rel = node.get("RangeVar")
+        if not isinstance(rel, dict):
+            continue
+        name, schema_name = rel.get("relname"), rel.get("schemaname")
+        if rel.get("catalogname") is not None:
+            raise _failed("a relation qualified with a database name")
+        if schema_name is not None:
+            if (schema_name, name) not in resolved:
+                raise _failed(f"relation {schema_name}.{name} reads differently to the SQL analyser and to PostgreSQL")
+        elif name not in names and name not in ctes:
+            raise _failed(f"relation {name} reads differently to the SQL analyser and to PostgreSQL")
 
 
 def _tree_write_ops(tree: dict) -> set[str]:
@@ -1492,6 +1516,7 @@ def analyze(sql: str | Statement, schema: Schema | Mapping[str, Sequence[str]],
                 raise _failed(f"a part of the statement was not analysed ({node.key.upper()})")
     except RecursionError:
         raise _failed("the statement is nested too deeply to analyse") from None
+    _relations_agree(statement.tree, analyzer.tables)
     called = {f.rsplit(".", 1)[-1].lower() for f in analyzer.functions} | \
         {c.rsplit('.', 1)[-1] for c in statement.calls} | operator_calls
     user: tuple[str, ...] = ()

@@ -102,6 +102,15 @@ def test_statements_other_than_reads_and_writes_are_refused(sql):
     "WITH gone AS (DELETE FROM orders RETURNING *) SELECT * FROM gone",
     "WITH moved AS (UPDATE orders SET status = 'x' RETURNING id) SELECT id FROM moved",
     "SELECT * INTO orders_copy FROM orders",
+    # row locks: they block other sessions' writes (and a read-only transaction refuses them)
+    "SELECT * FROM orders FOR UPDATE",
+    "SELECT * FROM orders FOR NO KEY UPDATE OF orders NOWAIT",
+    "SELECT * FROM orders FOR KEY SHARE SKIP LOCKED",
+    "SELECT * FROM (SELECT * FROM orders FOR SHARE) s",
+    "WITH l AS (SELECT id FROM orders FOR UPDATE) SELECT * FROM l",
+    "SELECT id FROM orders WHERE id IN (SELECT id FROM orders FOR UPDATE)",
+    "(SELECT * FROM orders) FOR UPDATE",
+    "INSERT INTO notes (body) SELECT status FROM orders FOR UPDATE",
 ])
 def test_reads_that_write_are_refused(sql):
     refused(sql, code="sql_not_allowed")
