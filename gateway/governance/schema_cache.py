@@ -40,6 +40,9 @@ class SchemaCache:
         self._loading: set = set()
 
     def _load(self, connection: Connection) -> Schema:
+        # When the read began: a read that began earlier and ends later (a warm-up slowed by
+        # load, behind a save's own read) must not replace the newer copy.
+        began, began_wall = time.monotonic(), time.time()
         try:
             conn = psycopg2.connect(**connection.driver,
                                     host=connection.host, port=connection.port, dbname=connection.database,
@@ -56,12 +59,17 @@ class SchemaCache:
         finally:
             conn.close()
         kin = schema.kinship()
+        identity = connection.identity
         with self._lock:
-            read_at = time.monotonic()
-            self._schemas[connection.identity] = (read_at, schema)
-            if self._kin.get(connection.identity) != kin:   # an unchanged schema keeps its object
-                self._kin[connection.identity] = kin
-            self._kin_until[connection.identity] = (read_at + self._ttl_s, self._kin[connection.identity])
+            held = self._schemas.get(identity)
+            if held is not None and held[0] > began:   # a newer read is in already
+                return held[1]
+            self._schemas[identity] = (began, schema)
+            if self._kin.get(identity) != kin:   # an unchanged schema keeps its object
+                self._kin[identity] = kin
+            kept = self._kin[identity]
+            kept.read_at = max(kept.read_at, began_wall)
+            self._kin_until[identity] = (began + self._ttl_s, kept)
         return schema
 
     def fresh(self, connection: Connection) -> Schema:

@@ -50,7 +50,7 @@ class QueryVersion:
                  "value_order", "statement", "plan_id", "prepare_sql", "execute_sql", "positional", "order", "casts",
                  "stream_template",
                  "published_at", "description", "tags", "parameters", "max_affected_rows",
-                 "analysis", "masks", "cache_ttl", "signature")
+                 "analysis", "masks", "cache_ttl", "signature", "saved_at")
 
     def __init__(self, name: str, row: dict, connection: Connection) -> None:
         analysis = row["extra"]["analysis"]
@@ -74,6 +74,9 @@ class QueryVersion:
         self.description = row["description"]
         self.tags = row["tags"]
         self.published_at = row["published_at"]
+        # When the version was stored (its analysis was made just before): wall clock, seconds.
+        created = row.get("created_at")
+        self.saved_at = created.timestamp() if created is not None else 0.0
         self.max_affected_rows = row["extra"].get("max_affected_rows")
         self.masks = row["extra"].get("mask")
         # Seconds an answer may be served from the cache (gateway.cache); reads only.

@@ -36,7 +36,11 @@ def plan_for(catalog: Catalog, key: ApiKey, subject: QueryVersion | AdHocStateme
                 raise bad_request("analysis_failed", "this version was saved by an older release or without an "
                                   "analysis; save it again")
             positional = getattr(subject, "positional", None)   # a saved version (ad hoc: analysed on this copy)
-            if kin is not None and kin.schema is not None and positional:
+            # Analysed again only on a copy read after the version was saved: an older copy (this
+            # worker's, while another saved the version against a table made a moment before)
+            # knows less than the stored analysis did.
+            if kin is not None and kin.schema is not None and positional \
+                    and kin.read_at >= getattr(subject, "saved_at", 0.0):
                 analysis = _analysis_now(subject.plan_id, positional, kin, settings)
             # Saved under another gateway's settings, perhaps: planned under this one's.
             refused_now(analysis, settings)

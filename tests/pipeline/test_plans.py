@@ -51,3 +51,24 @@ def test_a_function_denied_since_the_save_is_refused(make_app, demo_connection):
     denied = falcon.testing.TestClient(make_app(sync=LocalSync(), deny_functions="upp*"))
     got = denied.simulate_get(f"/q/{name}", headers={"X-API-Key": secret})
     assert got.status_code == 400 and got.json["code"] == "function_not_allowed", got.json
+
+
+def test_a_worker_whose_schema_copy_is_older_than_the_version_serves_it(make_app, api, demo_connection, superuser):
+    """Another worker (``other``) read the connection's schema before a table was made; a
+    version saved on that table by this one (which read the schema afresh) must not be
+    refused there as naming an unknown table: a copy older than the version knows less than
+    its stored analysis and is not used to analyse it again."""
+    probe = api.key([], [demo_connection])
+    other = falcon.testing.TestClient(make_app(sync=LocalSync()))
+    got = other.simulate_post("/execute_sql", headers={"X-API-Key": probe},
+                              json={"sql": "SELECT 1 AS one", "connection_name": demo_connection})
+    assert got.status_code == 200, got.json        # the other worker's copy of the schema: read now
+    table = unique("late").lower()
+    superuser(f"CREATE TABLE {table} (v text)", db="demo")
+    superuser(f"INSERT INTO {table} VALUES ('made after the copy')", db="demo")
+    superuser(f"GRANT SELECT ON {table} TO PUBLIC", db="demo")
+    query = api.query(f"SELECT v FROM {table}", connection=demo_connection)
+    secret = api.key([query], [demo_connection])
+    other.app.parts.holder.reload()                # the other worker learns of the version
+    got = other.simulate_get(f"/q/{query}", headers={"X-API-Key": secret})
+    assert got.status_code == 200 and got.json == [{"v": "made after the copy"}], got.json
