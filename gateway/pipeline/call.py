@@ -18,9 +18,10 @@ An entry point (``saved.SavedCall``, ``adhoc.AdHocCall``) supplies only what dif
 """
 from __future__ import annotations
 
+import functools
 import logging
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 from ..errors import GatewayError
@@ -125,7 +126,7 @@ class Pipeline:
                 self._stream(resp, call, subject, bound, args, plan, pool, timeout_ms, key, request_id)
                 rows = None   # charged batch by batch as they are sent; the history records none
                 if place is not None:   # the stream holds the place until its last row (or the client leaves)
-                    resp.stream = _LeaveAfter(resp.stream, admission, key, place)
+                    resp.stream = _Then(resp.stream, functools.partial(admission.leave, key, place))
                     place = None
             else:
                 size = args.page_size if plan.max_rows is None else min(args.page_size, plan.max_rows)
@@ -184,7 +185,7 @@ class Pipeline:
             source.close()
             raise
         # The server closes the body whether it was read or not: the session goes back then.
-        resp.stream = _Closing(resp.stream, source)
+        resp.stream = _Then(resp.stream, source.close)
         return None
 
 
@@ -204,47 +205,20 @@ def _logged(batches: runner.Batches, request_id: str) -> runner.Batches:
         batches.close()
 
 
-class _Closing:
-    """A stream's chunks that close its source (``runner.stream``'s batches, holding a pooled
-    session) when the server closes the body: the generators between them run no ``finally``
-    for a body closed before its first chunk."""
+class _Then:
+    """A stream's chunks, running ``then`` once when they end: the last chunk sent, an error,
+    or the server closing the body (a client that went away, or a stream never started: WSGI
+    servers call ``close()`` on the body in every case; a generator's ``finally`` would not run
+    for one closed before its first chunk). What a stream holds is given back through it: the
+    pooled session of ``runner.stream``'s batches, the key's ``max_concurrent`` place."""
 
-    __slots__ = ("_chunks", "_source")
+    __slots__ = ("_chunks", "_then")
 
-    def __init__(self, chunks: Any, source: runner.Batches) -> None:
+    def __init__(self, chunks: Any, then: Callable[[], object]) -> None:
         self._chunks: Iterator[bytes] = iter(chunks)
-        self._source = source
+        self._then: Callable[[], object] | None = then
 
-    def __iter__(self) -> _Closing:
-        return self
-
-    def __next__(self) -> bytes:
-        return next(self._chunks)
-
-    def close(self) -> None:
-        try:
-            close = getattr(self._chunks, "close", None)
-            if close is not None:
-                close()
-        finally:
-            self._source.close()
-
-
-class _LeaveAfter:
-    """The stream, giving back the key's place once it ends: its last chunk sent, an error, or
-    the server closing it (a client that went away, or a stream never started: WSGI servers
-    call ``close()`` on the body in every case; a generator's ``finally`` would not run for
-    one closed before its first chunk)."""
-
-    __slots__ = ("_chunks", "_admission", "_key", "_place")
-
-    def __init__(self, chunks: Any, admission: Admission, key: ApiKey, place: object) -> None:
-        self._chunks: Iterator[bytes] = iter(chunks)
-        self._admission = admission
-        self._key = key
-        self._place = place
-
-    def __iter__(self) -> _LeaveAfter:
+    def __iter__(self) -> _Then:
         return self
 
     def __next__(self) -> bytes:
@@ -255,12 +229,12 @@ class _LeaveAfter:
             raise
 
     def close(self) -> None:
-        place, self._place = self._place, None
-        if place is None:
+        then, self._then = self._then, None
+        if then is None:
             return
         try:
             close = getattr(self._chunks, "close", None)
             if close is not None:
                 close()
         finally:
-            self._admission.leave(self._key, place)
+            then()
