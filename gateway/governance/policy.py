@@ -20,8 +20,7 @@ if TYPE_CHECKING:
 
 def analyze_under(statement: Statement, schema: Schema, settings: Settings) -> Analysis:
     """:func:`gateway.governance.analyze` with the settings' lists; raises as it does."""
-    return analyze(statement, schema, settings.search_path_tuple(),
-                   denied_functions=DEFAULT_DENIED | settings.denied_functions(),
+    return analyze(statement, schema, settings.search_path_tuple(), denied_functions=_denied(settings),
                    allowed_functions=settings.allowed_functions(),
                    allowed_catalog_relations=settings.allowed_catalog_relations())
 
@@ -37,8 +36,13 @@ def refused_now(analysis: Analysis, settings: Settings) -> None:
         if split_qname(relation) not in allowed:
             raise bad_request("catalog_not_allowed", f"relation {relation} is the server's; this gateway does "
                               "not allow reading it (GATEWAY_ALLOW_CATALOG_RELATIONS)")
-    denied = denied_matcher(DEFAULT_DENIED | settings.denied_functions(), settings.allowed_functions())
+    denied = denied_matcher(_denied(settings), settings.allowed_functions())
     for function in (*analysis.functions, *analysis.user_functions, *analysis.side_effects):
         name = function.rsplit(".", 1)[-1]
         if denied(name):
             raise bad_request("function_not_allowed", f"function {name}() is not allowed")
+
+
+def _denied(settings: Settings) -> frozenset[str]:
+    """The deny list: the default one and what ``GATEWAY_DENY_FUNCTIONS`` adds."""
+    return DEFAULT_DENIED | settings.denied_functions()

@@ -99,9 +99,7 @@ class SchemaCache:
         if held is None:
             return self._load(connection)
         if time.monotonic() - held[0] >= self._ttl_s and connection.identity not in self._loading:
-            self._loading.add(connection.identity)
-            threading.Thread(target=self._reload_behind, args=(connection,), name="gateway-schema",
-                             daemon=True).start()
+            self._read_behind(connection)
         return held[1]
 
     def kin(self, connection: Connection) -> Kin | None:
@@ -122,10 +120,14 @@ class SchemaCache:
         if (held is None or now - held[0] >= self._ttl_s) and identity not in self._loading \
                 and now - self._tried.get(identity, -self._ttl_s) >= self._ttl_s:   # a failing read: once a ttl
             self._tried[identity] = now
-            self._loading.add(identity)
-            threading.Thread(target=self._reload_behind, args=(connection,), name="gateway-schema",
-                             daemon=True).start()
+            self._read_behind(connection)
         return self._kin.get(identity)
+
+    def _read_behind(self, connection: Connection) -> None:
+        """Read the connection's schema again on a thread of its own; the caller goes on with
+        the copy it has."""
+        self._loading.add(connection.identity)
+        threading.Thread(target=self._reload_behind, args=(connection,), name="gateway-schema", daemon=True).start()
 
     def _reload_behind(self, connection: Connection) -> None:
         try:
