@@ -322,6 +322,19 @@ def _strace_total(text: str) -> tuple[int, dict]:
     return total, per
 
 
+def _by_function(roots: list[Path], args: argparse.Namespace, mode: str, report: dict, field: str,
+                 what: str) -> dict:
+    """Each root's count per call for ``mode`` (into ``report[root][field]``, printed as ``what``)
+    and its counts by function, per root."""
+    funcs = {}
+    for i, root in enumerate(roots):
+        got = run_child(root, i, args, mode, args.calls, [])
+        funcs[root] = got["funcs"]
+        report[str(root)][field] = got["calls_per_call"]
+        print(f"{root}: {got['calls_per_call']:.1f} {what} per call", flush=True)
+    return funcs
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--root", action="append", type=Path, help="a checkout to measure (repeatable)")
@@ -345,12 +358,7 @@ def main() -> None:
     measures = args.measure.split(",")
     report: dict = {str(r): {} for r in roots}
     if "profile" in measures:
-        profiles = {}
-        for i, root in enumerate(roots):
-            got = run_child(root, i, args, "profile", args.calls, [])
-            profiles[root] = got["funcs"]
-            report[str(root)]["py_calls"] = got["calls_per_call"]
-            print(f"{root}: {got['calls_per_call']:.1f} Python function calls per call", flush=True)
+        profiles = _by_function(roots, args, "profile", report, "py_calls", "Python function calls")
         if len(roots) >= 2:
             a, b = profiles[roots[0]], profiles[roots[-1]]
             rows = []
@@ -365,12 +373,7 @@ def main() -> None:
             for d, name, ca, cb, ta, tb in rows[:args.top]:
                 print(f"{d:+7.2f} {ca:6.2f} {cb:6.2f} {ta:9.2f} {tb:8.2f}  {name}")
     if "opcodes" in measures:
-        ops = {}
-        for i, root in enumerate(roots):
-            got = run_child(root, i, args, "opcodes", args.calls, [])
-            ops[root] = got["funcs"]
-            report[str(root)]["bytecodes"] = got["calls_per_call"]
-            print(f"{root}: {got['calls_per_call']:.1f} Python bytecodes executed per call", flush=True)
+        ops = _by_function(roots, args, "opcodes", report, "bytecodes", "Python bytecodes executed")
         if len(roots) >= 2:
             a, b = ops[roots[0]], ops[roots[-1]]
             rows = sorted(((b.get(k, (0, 0))[0] - a.get(k, (0, 0))[0], k) for k in set(a) | set(b)),
