@@ -150,3 +150,23 @@ def test_one_connection_carries_unread_bodies_and_pipelined_requests(http, http_
     assert statuses == [b"404", b"200", b"200", b"200"], received[:2000]
     assert received.count(b'[{"n":1}]') == 1 and received.count(b'[{"n":2}]') == 1
     assert received.index(b'[{"n":1}]') < received.index(b'[{"n":2}]') < received.index(b'[{"n":3}]')
+
+
+def test_no_client_sets_the_path_or_scheme_through_forwarding_headers(gunicorn):
+    """fleet/gunicorn_conf.py: every peer is "trusted" by gunicorn (so it skips parsing the peer's
+    address per request) only because nothing is left to trust: no forwarder or scheme header.
+    A client on the loopback (a trusted proxy by gunicorn's own default) sending SCRIPT_NAME,
+    PATH_INFO or X-Forwarded-Proto still gets the route it asked for."""
+    import socket
+    from urllib.parse import urlsplit
+
+    host = urlsplit(gunicorn.base)
+    wire = (b"GET /health HTTP/1.1\r\nHost: h\r\nPATH_INFO: /nope\r\nSCRIPT_NAME: /health\r\n"
+            b"X-Forwarded-Proto: https\r\nConnection: close\r\n\r\n")
+    with socket.create_connection((host.hostname, host.port), timeout=10) as sock:
+        sock.sendall(wire)
+        received = b""
+        while chunk := sock.recv(65536):
+            received += chunk
+    assert received.startswith(b"HTTP/1.1 200 "), received[:300]
+    assert b'"status"' in received, received[:300]
