@@ -49,7 +49,6 @@ import math
 import os
 import selectors
 import socket
-import struct
 import sys
 import threading
 import time
@@ -70,15 +69,6 @@ HANDOVER_MAX_S = 30.0     # an old worker waits at most this long for its replac
 RECYCLE_SPACING_S = 2.0   # a worker recycles no sooner than this after a sibling was away
 CLOSE_LINGER_S = 2.0      # a closed connection waits at most this long for the client's own close
 NOTIFY_EVERY_S = 1.0      # the heartbeat to the master at most this often (its timeout: 60 s)
-
-
-def queued(listener: socket.socket) -> int:
-    """Connections waiting on a listening socket's accept queue (Linux: ``tcpi_unacked`` of
-    ``TCP_INFO``, which a listener fills with its accept queue's length); -1 where unknown."""
-    try:
-        return int(struct.unpack_from("I", listener.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 32), 24)[0])
-    except (OSError, AttributeError, struct.error):
-        return -1
 
 
 class BalancedThreadWorker(ThreadWorker):
@@ -275,19 +265,16 @@ class BalancedThreadWorker(ThreadWorker):
 
     def _close_listeners(self) -> None:
         """Serve what is queued, then stop the socket taking connections (Linux: a listening
-        socket shut down refuses new ones), so that none is queued to be reset later.
-
-        A connection queued after the last accept and before the shutdown is reset. The accept
-        that finds the queue empty releases the GIL, and taking it back can wait for a request
-        thread (milliseconds); so the queue is looked at again once the GIL is held (TCP_INFO,
-        which does not release it) and the socket is shut right after, or accepted from again."""
+        socket shut down refuses new ones), so that none is queued to be reset later. (A connection
+        queued between the last accept and the shutdown is still reset, unless
+        ``net.ipv4.tcp_migrate_req=1`` moves it to a sibling's socket.)"""
         for listener in self.sockets:
             try:
                 listener.setblocking(False)
                 while True:
                     before = self.nr_conns
                     self._accept_one(listener)
-                    if self.nr_conns == before and queued(listener) <= 0:
+                    if self.nr_conns == before:
                         break
                 listener.shutdown(socket.SHUT_RD)
             except OSError as error:

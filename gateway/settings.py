@@ -72,7 +72,7 @@ class Settings:
     reuse_port: str = _doc("off", "One listening socket per worker (`SO_REUSEPORT`): `on` lets the "
                            "kernel spread connections by a hash of their addresses (shares of 0.32-0.68 "
                            "measured); a worker that leaves (recycling, reload) accepts what is queued on its "
-                           "own socket and shuts it once the queue is seen empty (no call failed through "
+                           "own socket, then shuts it (no call failed through "
                            "either in tests/fleet/test_graceful.py; a connection arriving in the instant "
                            "between is still reset unless `net.ipv4.tcp_migrate_req=1` moves it to a sibling, "
                            "docs/bench/2026-11-30-balance.md); `auto`: on where that sysctl is 1; `off` "
