@@ -121,10 +121,23 @@ class BalancedThreadWorker(ThreadWorker):
     def run(self) -> None:
         if self.gw_slots is not None and self.gw_slot is not None:
             self.gw_slots.set_state(self.gw_slot, SERVING, os.getpid())
+        # A process-wide signal (SIGTERM from PR_SET_PDEATHSIG or a kill) may be taken by any
+        # thread; Python runs its handler on the main thread only, and gthread's loop slept on
+        # in its poll until its timeout (up to 1 s: an orphan kept its idle connections that
+        # long). Python writes every signal to the wakeup fd gunicorn set: the loop watches it.
+        self.poller.register(self.PIPE[0], selectors.EVENT_READ, self._signalled)
         try:
             super().run()
         finally:
             self._expire_closing(0.0, everything=True)
+
+    def _signalled(self, pipe: int) -> None:
+        """Empty the wakeup fd; the handler itself runs on the main thread's next bytecode."""
+        try:
+            while os.read(pipe, 4096):
+                pass
+        except OSError:      # drained (non-blocking), or closed during the stop
+            pass
 
     def _younger_booting(self) -> bool:
         assert self.gw_slots is not None and self.gw_slot is not None
