@@ -50,6 +50,7 @@ from .store.pool import WaitingPool, ping
 from .store.purges import PurgeCounter
 from .store.schema import migrate
 from .store.spool import open_spool, spool_folder
+from .warmup import Warmup
 
 
 @dataclass
@@ -207,6 +208,8 @@ def build_app(settings: Settings, ports: Ports | None = None) -> GatewayApp:
     sync.start(holder)
     cache.start()
     history.start()
+    # What this worker's first calls would pay for (sessions, plans, Falcon's router), paid before it serves.
+    Warmup(settings, holder, pools, schemas, connect, ApiKey.admin() if settings.admin_key else None).run(app)
     return app
 
 

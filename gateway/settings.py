@@ -95,6 +95,14 @@ class Settings:
     stream_fetch_rows: int = _doc(2000, "Rows fetched per round trip when streaming from a "
                                   "server-side cursor (bounds memory).")
     connect_timeout_s: int = _doc(3, "Timeout for opening a data or store session.")
+    warm_calls: int = _doc(32, "A starting worker makes, before it serves, the plans of this many of the "
+                           "(key, query) pairs the fleet called most in the last `GATEWAY_WARM_WINDOW_S` "
+                           "(read from the run history), and reads their connections' schemas. 0: no warm-up.")
+    warm_sessions: int = _doc(4, "Data sessions a starting worker opens before it serves, shared out over "
+                              "the connections of those calls by their calls, each with their statements "
+                              "prepared (never more than a pool holds). 0: none.")
+    warm_window_s: int = _doc(10, "How far back the warm-up looks in the run history (its newest 5,000 runs "
+                              "at most).")
 
     mask_key: str = _doc("", "Key of the `hash` mask (HMAC-SHA256), read once at start-up. Empty: "
                          "derived from `GATEWAY_SECRET_KEY`.")
@@ -213,6 +221,8 @@ class Settings:
             raise SystemExit("GATEWAY_CACHE_SHARED must be 'on' or 'off'")
         if self.concurrency_lease_ms < 300:
             raise SystemExit("GATEWAY_CONCURRENCY_LEASE_MS must be at least 300 (renewed every third of it)")
+        if min(self.warm_calls, self.warm_sessions, self.warm_window_s) < 0:
+            raise SystemExit("GATEWAY_WARM_CALLS, GATEWAY_WARM_SESSIONS and GATEWAY_WARM_WINDOW_S must not be negative")
         if self.reuse_port not in ("auto", "on", "off"):
             raise SystemExit("GATEWAY_REUSE_PORT must be 'auto', 'on' or 'off'")
         for name in self.allowed_catalog_relations():
