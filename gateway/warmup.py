@@ -74,9 +74,9 @@ class Warmup:
                 _first_request(app)
             if self._settings.warm_calls > 0:
                 pairs = self._hot_pairs(self._holder.catalog)
-                done["plans"] = self._plan(pairs)
+                done["plans"], served = self._plan(pairs)
                 if self._settings.warm_sessions > 0:
-                    done["sessions"], done["prepared"] = self._open_sessions(pairs)
+                    done["sessions"], done["prepared"] = self._open_sessions(served)
         except Exception as exc:    # never a reason not to serve
             log.warning("warm-up stopped (%s: %s); this worker serves cold where it did not reach",
                         type(exc).__name__, str(exc)[:300])
@@ -114,23 +114,27 @@ class Warmup:
         return catalog.keys.get(prefix) if prefix is not None else None
 
     # --- plans ------------------------------------------------------------------------------------
-    def _plan(self, pairs: list[tuple[ApiKey, QueryVersion, int]]) -> int:
+    def _plan(self, pairs: list[tuple[ApiKey, QueryVersion, int]]) -> tuple[int, list]:
+        """(plans made, the pairs whose plan serves them): only those get sessions, so a write
+        the server no longer allows, or a grant narrowed since, opens nothing."""
         catalog, schemas = self._holder.catalog, self._schemas
         for connection in {qv.connection.identity: qv.connection for _, qv, _ in pairs}.values():
             if time.monotonic() > self._deadline:
-                return 0
+                return 0, []
             if schemas.kin(connection) is None:
                 schemas.fresh(connection)
-        made = 0
-        for key, qv, _ in pairs:
+        made, served = 0, []
+        for pair in pairs:
             if time.monotonic() > self._deadline:
                 break
+            key, qv, _ = pair
+            made += 1
             try:
                 plan_for(catalog, key, qv, self._settings, self._mask_key, schemas.kin(qv.connection))
             except GatewayError:
-                pass            # a refusal is kept in the memo too
-            made += 1
-        return made
+                continue        # a refusal is kept in the memo too
+            served.append(pair)
+        return made, served
 
     # --- sessions ---------------------------------------------------------------------------------
     def _open_sessions(self, pairs: list[tuple[ApiKey, QueryVersion, int]]) -> tuple[int, int]:

@@ -100,7 +100,8 @@ def test_the_warm_up_is_bounded(api, superuser, make_app):
 
 def test_the_warm_up_runs_nothing(api, superuser, make_app, services):
     """A saved write called often is prepared by a starting worker, never executed: the
-    table holds what the calls wrote, not one row more."""
+    table holds what the calls wrote, not one row more; where the server no longer allows
+    writes, no writable session is opened for it."""
     table = unique("warm_writes")
     superuser(f"CREATE TABLE {table} (n int)", db=services.data_database)
     connection = api.connection()
@@ -115,6 +116,9 @@ def test_the_warm_up_runs_nothing(api, superuser, make_app, services):
         pool, qv = _pool(fresh, query, write=True)
         assert pool.open_count >= 1 and all(qv.statement in s.prepared for s in pool._idle)
     assert superuser(f"SELECT count(*) FROM {table}", db=services.data_database) == [(12,)]
+    # A worker of a server that does not allow writes (the default) opens no writable session for it.
+    read_only = make_app(sync=LocalSync())
+    assert _pool(read_only, query, write=True)[0].open_count == 0
 
 
 def test_a_hot_connection_that_cannot_be_reached_does_not_stop_the_start(api, superuser, make_app):

@@ -125,6 +125,40 @@ def test_a_killed_master_comes_back_and_no_call_fails(fleet, admin, superuser, w
     assert len(calls) <= stored <= len(calls) + CLIENTS, (stored, len(calls))
 
 
+@pytest.mark.slow
+def test_a_rolling_restart_of_the_masters_fails_no_call(fleet, admin, superuser):
+    """``fleet restart``: each master in turn stops taking connections and finishes what it
+    holds, the supervisor starts a new one, the next goes once it serves; through nginx no
+    caller sees it (a refused connect is tried on the other instance), and the history has
+    every answered call."""
+    connection = admin.connection()
+    query = admin.query("SELECT 8 AS v", connection=connection)
+    name, secret = admin.named_key([query], [connection])
+    before = fleet.masters()
+    load = Load(fleet.base, f"/q/{query}", secret, threads=CLIENTS, keep_bodies=True)
+    with load:
+        time.sleep(1.0)
+        started_at = time.monotonic()
+        done = fleet.run("restart")
+        took = time.monotonic() - started_at
+        time.sleep(0.5)
+    calls = load.calls
+    after = fleet.masters()
+    slowest = max(c.ended - c.started for c in calls)
+    print(f"rolling restart: {took:.1f}s; masters {before} -> {after}; {len(calls)} calls, "
+          f"slowest {slowest * 1000:.0f} ms: {statuses(calls)}\n{done.stdout}")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert all(a != b for a, b in zip(after, before)) and len(after) == 2, (before, after)
+    assert len([c for c in calls if c.started > started_at]) > 200
+    assert statuses(calls) == {(200, None): len(calls)}, statuses(calls)
+    assert all(c.body == [{"v": 8}] for c in calls)
+    kid = key_id(superuser, name)
+    deadline = time.monotonic() + 10
+    while sum(s.get(200, 0) for s in runs_by_worker(superuser, kid).values()) < len(calls):
+        assert time.monotonic() < deadline, "answered calls missing from the run history"
+        time.sleep(0.2)
+
+
 # Calls failed over at most 0.19 s, nginx back after 0.04-0.20 s (load average 11-20; the
 # README's "When something fails"): the supervisor's poll (0.1 s), nginx's start, and its bind
 # once the old workers have let the port go.

@@ -161,6 +161,19 @@ def rolling_reload(rig: Rig) -> dict:
             'how': 'SIGHUP to each master in turn (fleet has no rolling restart of masters)'}
 
 
+def rolling_restart(rig: Rig) -> dict:
+    """`fleet restart`: each master in turn stops (SIGTERM), the supervisor starts a new one, the next goes once it
+    serves with all its workers."""
+    before = [rig.master(i) for i in range(INSTANCES)]
+    t0 = time.monotonic()
+    rig.fleet('restart')
+    after = [rig.master(i) for i in range(INSTANCES)]
+    if any(a is None or a == b for a, b in zip(after, before, strict=True)):
+        raise RigError(f'fleet restart left masters {before} -> {after}')
+    return {'done_at': time.monotonic(), 'restarted_after_s': _since(t0), 'masters': f'{before} -> {after}',
+            'how': '`fleet restart` (its lines in fleet.log)'}
+
+
 FAULTS = {f.name: f for f in (
     Fault('pg-restart', 'PostgreSQL fast restart (pg_ctl stop -m fast, then start)', pg_restart),
     Fault('pg-kill', 'postmaster SIGKILL, then start', pg_kill),
@@ -169,6 +182,8 @@ FAULTS = {f.name: f for f in (
     Fault('master-kill', 'one gunicorn master SIGKILL (its workers orphaned)', master_kill),
     Fault('master-reload', 'SIGHUP reload of one master', master_reload),
     Fault('rolling-reload', 'rolling reload of both masters behind nginx (SIGHUP each in turn)', rolling_reload),
+    Fault('rolling-restart', 'rolling restart of both masters behind nginx (`fleet restart`: new master processes)',
+          rolling_restart),
     Fault('max-requests', 'max_requests recycling (a fleet started with GATEWAY_MAX_REQUESTS)', None),
 )}
 
