@@ -151,6 +151,12 @@ http {{
 """
 
 
+def upstream_server(bind: str) -> str:
+    """nginx's line for one instance: three failed connects in a row take it out of the rotation
+    for ``NGINX_FAIL_TIMEOUT_S`` (compose/nginx.conf says the same)."""
+    return f"server {bind} max_fails=3 fail_timeout={NGINX_FAIL_TIMEOUT_S}s;"
+
+
 def start_balancer(settings: Settings, binds: list[str], start: bool = True) -> Path:
     """nginx's configuration for ``binds``; with ``start``, nginx reloaded with it, or started
     (as a daemon, unsupervised: the supervisor that runs was started without it)."""
@@ -160,7 +166,7 @@ def start_balancer(settings: Settings, binds: list[str], start: bool = True) -> 
     conf = home / "nginx.conf"
     # Down after 3 failed connects within 1 s, tried again 1 s later: one failure is not
     # enough to take an instance out.
-    servers = "\n".join(f"        server {b} max_fails=3 fail_timeout={NGINX_FAIL_TIMEOUT_S}s;" for b in binds)
+    servers = "\n".join(f"        {upstream_server(b)}" for b in binds)
     conf.write_text(NGINX_CONF.format(home=home, servers=servers, bind=settings.bind,
                                       user="user root;" if os.geteuid() == 0 else ""))
     if not start:

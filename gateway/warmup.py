@@ -33,6 +33,7 @@ import psycopg2
 
 from .errors import GatewayError
 from .pipeline.plans import plan_for
+from .store.history import recent_calls
 
 if TYPE_CHECKING:
     from .execution.pool import Session, SessionPool
@@ -45,9 +46,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("gateway")
 HISTORY_ROWS = 5000      # the newest runs read, whatever the rate: one bounded index scan
 WARM_BUDGET_S = 2.0      # no new step starts after this
-
-HOT_CALLS = ("SELECT key_id, query FROM gw_run_history WHERE at > now() - make_interval(secs => %s) "
-             "AND key_id IS NOT NULL AND query IS NOT NULL AND status < 400 ORDER BY at DESC LIMIT %s")
 
 
 class Warmup:
@@ -88,13 +86,7 @@ class Warmup:
     # --- what the fleet calls -------------------------------------------------------------------
     def _hot_pairs(self, catalog: Catalog) -> list[tuple[ApiKey, QueryVersion, int]]:
         """The most called (key, published version) pairs the key still reaches, most called first."""
-        conn = self._connect()
-        try:
-            with conn.cursor() as cur:
-                cur.execute(HOT_CALLS, (self._settings.warm_window_s, HISTORY_ROWS))
-                counts = Counter(cur.fetchall())
-        finally:
-            conn.close()
+        counts = recent_calls(self._connect, self._settings.warm_window_s, HISTORY_ROWS)
         pairs = []
         for (key_id, name), calls in counts.most_common():
             key = self._key(catalog, key_id)

@@ -42,7 +42,7 @@ LAYERS: list[tuple[str, frozenset[str]]] = [
     ("kernel", frozenset({"gateway", "errors", "settings", "crypto"})),   # "gateway": its __init__ (__version__)
     ("ports", frozenset({"ports"})),
     ("parts", frozenset({"model", "sql", "governance", "execution", "store", "cache", "observe"})),
-    ("use cases", frozenset({"pipeline", "control"})),
+    ("use cases", frozenset({"pipeline", "control", "warmup"})),
     ("http", frozenset({"http"})),
     ("assembly", frozenset({"app"})),
 ]
