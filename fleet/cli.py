@@ -157,6 +157,10 @@ def upstream_server(bind: str) -> str:
     return f"server {bind} max_fails=3 fail_timeout={NGINX_FAIL_TIMEOUT_S}s;"
 
 
+def upstream_backup(bind: str) -> str:
+    return f"server {bind} backup max_fails=0;"
+
+
 def start_balancer(settings: Settings, binds: list[str], start: bool = True) -> Path:
     """nginx's configuration for ``binds``; with ``start``, nginx reloaded with it, or started
     (as a daemon, unsupervised: the supervisor that runs was started without it)."""
@@ -165,8 +169,11 @@ def start_balancer(settings: Settings, binds: list[str], start: bool = True) -> 
     (home / "nginx").mkdir(parents=True, exist_ok=True)
     conf = home / "nginx.conf"
     # Down after 3 failed connects within 1 s, tried again 1 s later: one failure is not
-    # enough to take an instance out.
-    servers = "\n".join(f"        {upstream_server(b)}" for b in binds)
+    # enough to take an instance out. Each instance again as a backup that is never taken out:
+    # when every instance is marked down (one restarting while nginx still skips another that
+    # came back less than fail_timeout ago), calls try them all instead of answering 502.
+    servers = "\n".join([f"        {upstream_server(b)}" for b in binds]
+                         + [f"        {upstream_backup(b)}" for b in binds])
     conf.write_text(NGINX_CONF.format(home=home, servers=servers, bind=settings.bind,
                                       user="user root;" if os.geteuid() == 0 else ""))
     if not start:
@@ -249,8 +256,9 @@ def down(settings: Settings, keep_services: bool) -> None:
 
 RESTART_WAIT_S = 120.0    # a master's graceful stop (30 s at most) and its successor's boot
 # nginx skips a server that failed for fail_timeout after its last failure: a restarted instance is
-# back in its rotation that long after it answers. The next restart waits for it (and some), or
-# both would be skipped at once: 174 of 9,851 calls answered 502 "no live upstreams" without it.
+# back in its rotation that long after it answers. The next restart waits for it (and some): with
+# neither this wait nor the backup entries (start_balancer), both were skipped at once and 174 of
+# 9,851 calls answered 502 "no live upstreams".
 NGINX_FAIL_TIMEOUT_S = 1
 RESTART_SETTLE_S = NGINX_FAIL_TIMEOUT_S + 0.5
 
