@@ -30,7 +30,7 @@ if TYPE_CHECKING:
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from fleet.boot import preload_libraries  # noqa: E402
+from fleet.boot import compile_own_code, preload_libraries  # noqa: E402
 from fleet.listen import make_unlistened, start_listening  # noqa: E402
 from fleet.slots import Slots  # noqa: E402
 from gateway.settings import Settings  # noqa: E402
@@ -82,8 +82,10 @@ proc_name = f"gateway-fleet{'-' + _settings.instance if _settings.instance else 
 
 _CPUS = _settings.usable_cpus()
 
-# Every worker forks with the third-party libraries imported (fleet/boot.py says why).
+# Every worker forks with the third-party libraries imported, and finds our own code compiled
+# (fleet/boot.py says why).
 preload_libraries()
+compile_own_code()
 
 
 def _slots(server: Arbiter) -> Slots:
