@@ -113,8 +113,7 @@ class Warmup:
         for connection in {qv.connection.identity: qv.connection for _, qv, _ in pairs}.values():
             if time.monotonic() > self._deadline:
                 return 0, []
-            if schemas.kin(connection) is None:
-                schemas.fresh(connection)
+            schemas.kin_now(connection, max(0.0, self._deadline - time.monotonic()))
         made, served = 0, []
         for pair in pairs:
             if time.monotonic() > self._deadline:

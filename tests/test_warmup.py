@@ -133,3 +133,25 @@ def test_a_hot_connection_that_cannot_be_reached_does_not_stop_the_start(api, su
     assert client.simulate_get(f"/q/{other_query}", headers={"X-API-Key": other_secret}).json == [{"id": 4}]
     got = client.simulate_get(f"/q/{query}", headers={"X-API-Key": secret})
     assert got.status_code == 503 and got.json["code"] == "database_unavailable", got.text
+
+
+def test_a_schema_read_under_way_is_waited_for_not_made_twice(app, settings, api):
+    """A starting worker reads every connection's schema in the background (``warm``); the
+    warm-up needs the hot ones' now: it waits for that read instead of making a second one."""
+    from gateway.crypto import PasswordBox
+    from gateway.governance.schema_cache import SchemaCache
+
+    name = api.connection()
+    connection = next(c for c in app.parts.holder.current().connections.values() if c.name == name)
+    schemas = SchemaCache(settings, PasswordBox(settings.secret_key))
+    reads = []
+    load = schemas._load
+
+    def counted(c):
+        reads.append(c.name)
+        time.sleep(0.2)          # a read slowed by a busy start: kin_now comes while it runs
+        return load(c)
+    schemas._load = counted
+    schemas.warm([connection])
+    assert schemas.kin_now(connection, 5.0) is not None
+    assert reads == [name]

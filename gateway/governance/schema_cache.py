@@ -77,6 +77,17 @@ class SchemaCache:
         seen (a user-defined function missed here would pass as a built-in one)."""
         return self._load(connection)
 
+    def kin_now(self, connection: Connection, wait_s: float) -> Kin | None:
+        """For a starting worker (``gateway.warmup``): the trees as ``kin`` gives them, read now
+        if there is no copy yet; a read already under way (the start's ``warm``) is waited for,
+        at most ``wait_s``, rather than made twice."""
+        deadline = time.monotonic() + wait_s
+        while connection.identity in self._loading and time.monotonic() < deadline:
+            time.sleep(0.005)
+        if self._kin.get(connection.identity) is None and connection.identity not in self._loading:
+            self.fresh(connection)
+        return self.kin(connection)
+
     def warm(self, connections: Iterable[Connection]) -> None:
         """In the background: read the schema of every active connection this worker has no
         copy of yet (at start, and after a change brings a new or changed connection), so
