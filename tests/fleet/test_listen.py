@@ -14,8 +14,11 @@ from helpers.masters import Master
 pytestmark = pytest.mark.slow
 
 
-def test_the_port_refuses_until_a_worker_serves(services, tmp_path_factory):
-    master = Master(services, tmp_path_factory.mktemp("listen-home"), workers=2).spawn()
+@pytest.mark.parametrize("reuse_port", ["off", "on"])
+def test_the_port_refuses_until_a_worker_serves(services, tmp_path_factory, reuse_port):
+    """With ``reuse_port`` each worker makes its own socket after its fork: it too listens only
+    once its worker has loaded the application (fleet/listen.py ``unlisten_worker_sockets``)."""
+    master = Master(services, tmp_path_factory.mktemp("listen-home"), workers=2, reuse_port=reuse_port).spawn()
     try:
         # gunicorn forks its workers once the port is bound, seconds before one has loaded
         # the application.
