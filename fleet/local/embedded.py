@@ -57,6 +57,7 @@ __all__ = [
 ]
 
 _SOCKET_PATH_MAX = 100  # sun_path is 108 bytes; PostgreSQL adds "/.s.PGSQL.<port>"
+_ACL_LOCK_KEY = 0x6677_0003  # pg_advisory_xact_lock key for "changing a database's ACL" (demo.py: 0x6677_0001-2)
 
 
 def _log(message: str) -> None:
@@ -174,9 +175,11 @@ class LocalPostgres:
         log in to ``demo`` alone, and must not open a session (or make tables, temporary
         ones included) anywhere else."""
         conn = psycopg2.connect(self.url("postgres"), connect_timeout=10)
-        conn.autocommit = True
         try:
-            with conn.cursor() as cur:
+            # One caller at a time: two REVOKEs of one database's ACL at once fail one of them
+            # ("tuple concurrently updated"), e.g. two masters starting on one empty home.
+            with conn, conn.cursor() as cur:
+                cur.execute("SELECT pg_advisory_xact_lock(%s)", (_ACL_LOCK_KEY,))
                 for name in names:
                     cur.execute(sql.SQL("REVOKE ALL ON DATABASE {} FROM PUBLIC").format(sql.Identifier(name)))
         finally:

@@ -174,3 +174,26 @@ def test_only_the_superuser_may_connect_to_the_store_and_maintenance_databases(p
     finally:
         with psycopg2.connect(pg.url("postgres")) as conn, conn.cursor() as cur:
             cur.execute(f"DROP ROLE {role}")
+
+
+def test_concurrent_closing_to_public_never_fails(pg):
+    """``close_to_public`` from several processes at once (two masters starting on one empty
+    home: ``test_concurrent_first_start`` failed once in CI with PostgreSQL's "tuple
+    concurrently updated" on the REVOKE): serialised, every caller succeeds."""
+    import threading
+
+    pg.ensure_database("gateway")
+    errors: list[BaseException] = []
+
+    def close() -> None:
+        try:
+            for _ in range(15):
+                pg.close_to_public("gateway", "postgres")
+        except BaseException as exc:     # noqa: BLE001  # the assertion below shows it
+            errors.append(exc)
+    threads = [threading.Thread(target=close) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert not errors, errors[:2]
