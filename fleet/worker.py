@@ -253,6 +253,11 @@ class BalancedThreadWorker(ThreadWorker):
         self._left = True
         self.gw_slots.set_state(self.gw_slot, LEAVING)
         ThreadWorker.set_accept_enabled(self, False)
+        if self._orphaned():
+            # Idle connections hold nothing to finish: closed before the queue is drained below
+            # (behind nginx new connections keep arriving until the socket is shut down), so
+            # that a balancer's retry is not kept waiting behind that drain.
+            self._close_idle()
         if self._one_socket_each or not self._master_holds_socket():
             self._close_listeners()
 
