@@ -123,22 +123,27 @@ def store_connector(settings: Settings) -> Callable[[], psycopg2.extensions.conn
     return connect
 
 
-def build_app(settings: Settings, ports: Ports | None = None) -> GatewayApp:
+def build_app(settings: Settings, ports: Ports | None = None,
+              store: psycopg2.extensions.connection | None = None) -> GatewayApp:
+    """``store``: an open store session to start with (it migrates, then holds the catalog)."""
     ports = ports or Ports()
     log_listener = setup_logging(settings.log_level)
     if not settings.database_url:
         raise SystemExit("GATEWAY_DATABASE_URL is not set: start through `fleet up`, or through "
                          "`gunicorn -c fleet/gunicorn_conf.py`, which starts the embedded default")
     connect = store_connector(settings)
-    conn = connect()
+    # One store session for the start: it migrates, then the catalog holder keeps it (each
+    # session opened costs both sides about 4 ms of CPU, at every worker boot).
+    conn = store if store is not None else connect()
     try:
         migrate(conn)
-    finally:
+    except BaseException:
         conn.close()
+        raise
 
     box = PasswordBox(settings.secret_key)
     pools = Pools(settings, box)
-    schemas = SchemaCache(settings, box)
+    schemas = SchemaCache(settings, box, pools=pools)
 
     def on_reload(old: Catalog, new: Catalog) -> None:
         if new.connections is old.connections:   # a change that left every connection as it was
@@ -146,7 +151,7 @@ def build_app(settings: Settings, ports: Ports | None = None) -> GatewayApp:
         pools.retire_unused(new.connections.values())
         schemas.warm(new.connections.values())
 
-    holder = CatalogHolder(connect, on_reload=on_reload)
+    holder = CatalogHolder(connect, on_reload=on_reload, conn=conn)
     holder.reload()
     sync, admission, events = ports.sync, ports.admission, ports.events
     spool_root = spool_folder(settings.history_spool, settings.home)
@@ -209,7 +214,7 @@ def build_app(settings: Settings, ports: Ports | None = None) -> GatewayApp:
     cache.start()
     history.start()
     # What this worker's first calls would pay for (sessions, plans, Falcon's router), paid before it serves.
-    Warmup(settings, holder, pools, schemas, connect, ApiKey.admin() if settings.admin_key else None).run(app)
+    Warmup(settings, holder, pools, schemas, store_pool, ApiKey.admin() if settings.admin_key else None).run(app)
     return app
 
 

@@ -27,7 +27,7 @@ import sys
 import time
 from collections import Counter
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import psycopg2
 
@@ -36,6 +36,8 @@ from .pipeline.plans import plan_for
 from .store.history import recent_calls
 
 if TYPE_CHECKING:
+    from psycopg2.pool import AbstractConnectionPool
+
     from .execution.pool import Session, SessionPool
     from .execution.runner import Pools
     from .governance.schema_cache import SchemaCache
@@ -49,16 +51,16 @@ WARM_BUDGET_S = 2.0      # no new step starts after this
 
 
 class Warmup:
-    __slots__ = ("_settings", "_holder", "_pools", "_schemas", "_mask_key", "_connect", "_admin", "_deadline")
+    __slots__ = ("_settings", "_holder", "_pools", "_schemas", "_mask_key", "_store", "_admin", "_deadline")
 
     def __init__(self, settings: Settings, holder: CatalogHolder, pools: Pools, schemas: SchemaCache,
-                 connect: Callable[[], Any], admin: ApiKey | None) -> None:
+                 store: AbstractConnectionPool, admin: ApiKey | None) -> None:
         self._settings = settings
         self._holder = holder
         self._pools = pools
         self._schemas = schemas
         self._mask_key = settings.mask_key_bytes()
-        self._connect = connect          # a store session
+        self._store = store              # the worker's store pool (a session of it is open already)
         self._admin = admin              # the admin key on the data plane (id 0 in the history), or None
         self._deadline = 0.0
 
@@ -86,7 +88,13 @@ class Warmup:
     # --- what the fleet calls -------------------------------------------------------------------
     def _hot_pairs(self, catalog: Catalog) -> list[tuple[ApiKey, QueryVersion, int]]:
         """The most called (key, published version) pairs the key still reaches, most called first."""
-        counts = recent_calls(self._connect, self._settings.warm_window_s, HISTORY_ROWS)
+        conn = self._store.getconn()
+        broken = True
+        try:
+            counts = recent_calls(conn, self._settings.warm_window_s, HISTORY_ROWS)
+            broken = False
+        finally:
+            self._store.putconn(conn, close=broken)
         pairs = []
         for (key_id, name), calls in counts.most_common():
             key = self._key(catalog, key_id)

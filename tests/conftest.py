@@ -24,6 +24,7 @@ each overridable from the environment):
 from __future__ import annotations
 
 import falcon.testing
+import psycopg2
 import pytest
 
 from fleet.app import create_app
@@ -123,6 +124,21 @@ def make_app(settings):
     yield make
     for application in made:
         application.parts.close()
+
+
+@pytest.fixture
+def opened_sessions(monkeypatch):
+    """Every psycopg2 session opened from here on, as (application name, connection): the real
+    driver, counted."""
+    seen: list[tuple[str, object]] = []
+    real = psycopg2.connect
+
+    def connect(*args, **kwargs):
+        conn = real(*args, **kwargs)
+        seen.append((kwargs.get("application_name", ""), conn))
+        return conn
+    monkeypatch.setattr(psycopg2, "connect", connect)
+    return seen
 
 
 # --- a real gunicorn master --------------------------------------------------------------

@@ -50,6 +50,16 @@ class SessionPool:
                     break
                 if not self._cond.wait(self.wait_s):
                     raise unavailable("pool_exhausted", "every database session of this worker is busy")
+        return self._open_counted()
+
+    def take_idle(self) -> Session | None:
+        """An idle session, or None (never opens one, never waits): for work that has a way of
+        its own and must not grow the pool, as a schema read has."""
+        with self._cond:
+            return self._idle.pop() if self._idle else None
+
+    def _open_counted(self) -> Session:
+        """Open the session already counted in ``_open``; uncounted again if that fails."""
         try:
             return self._connect()
         except BaseException:

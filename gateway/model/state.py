@@ -30,7 +30,9 @@ class CatalogHolder:
                  "_on_reload")
 
     def __init__(self, connect: Callable[[], psycopg2.extensions.connection],
-                 on_reload: Callable[[catalog_mod.Catalog, catalog_mod.Catalog], object] | None = None) -> None:
+                 on_reload: Callable[[catalog_mod.Catalog, catalog_mod.Catalog], object] | None = None,
+                 conn: psycopg2.extensions.connection | None = None) -> None:
+        """``conn``: a store session to start with (the start's own), else one is opened on first use."""
         self.catalog = catalog_mod.Catalog.empty()
         self.fresh_until = 0.0
         self.reloads = 0          # new snapshots swapped in
@@ -38,7 +40,9 @@ class CatalogHolder:
         self.rows_read = 0        # rows read from the store by every refresh
         self.last: catalog_mod.Refresh | None = None
         self._connect = connect
-        self._conn: psycopg2.extensions.connection | None = None
+        self._conn: psycopg2.extensions.connection | None = conn
+        if conn is not None:
+            conn.autocommit = True
         self._lock = threading.Lock()
         self._on_reload = on_reload
 

@@ -281,14 +281,11 @@ _RECENT = ("SELECT key_id, query FROM gw_run_history WHERE at > now() - make_int
            "AND key_id IS NOT NULL AND query IS NOT NULL AND status < 400 ORDER BY at DESC LIMIT %s")
 
 
-def recent_calls(connect: Callable[[], psycopg2.extensions.connection], window_s: float,
-                 limit: int) -> collections.Counter:
+def recent_calls(conn: psycopg2.extensions.connection, window_s: float, limit: int) -> collections.Counter:
     """{(key_id, query): calls} over the newest ``limit`` served runs of the last ``window_s``
     (one index scan on ``at``, whatever the rate): what a starting worker warms (``gateway.warmup``)."""
-    conn = connect()
-    try:
-        with conn.cursor() as cur:
-            cur.execute(_RECENT, (window_s, limit))
-            return collections.Counter(cur.fetchall())
-    finally:
-        conn.close()
+    with conn.cursor() as cur:
+        cur.execute(_RECENT, (window_s, limit))
+        counts = collections.Counter(cur.fetchall())
+    conn.rollback()
+    return counts
