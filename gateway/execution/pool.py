@@ -53,10 +53,11 @@ class SessionPool:
         return self._open_counted()
 
     def take_idle(self) -> Session | None:
-        """An idle session, or None (never opens one, never waits): for work that has a way of
-        its own and must not grow the pool, as a schema read has."""
+        """An idle session while another one stays idle for the calls, else None (never opens
+        one, never waits): for work that has a way of its own and must neither grow the pool
+        nor make a call open a session, as a schema read."""
         with self._cond:
-            return self._idle.pop() if self._idle else None
+            return self._idle.pop(0) if len(self._idle) > 1 else None
 
     def _open_counted(self) -> Session:
         """Open the session already counted in ``_open``; uncounted again if that fails."""

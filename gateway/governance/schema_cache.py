@@ -69,8 +69,8 @@ class SchemaCache:
         """On an idle read session of the connection's pool (same role, options and search path
         as the calls'), given back after: opening a session costs both sides about 4 ms of CPU
         (SCRAM), and a worker reads each schema again every ``ttl_s`` while it is called. None
-        when there are no pools here or no idle session (the read opens its own: a read never
-        adds a session to a pool)."""
+        when there are no pools here or fewer than two idle sessions (the read opens its own: it
+        never adds a session to a pool, nor takes the one a call would find)."""
         if self._pools is None:
             return None
         pool = self._pools.get(connection, False)
