@@ -4,7 +4,9 @@ A reload, a recycle or a respawn starts a worker on a core where a sibling serve
 application cost the new worker about 350 ms of CPU (imports, the catalog, sessions), 160 ms
 of it importing falcon, psycopg2, redis, sqlglot, pglast, orjson and prometheus_client.
 ``preload_libraries`` imports them in the master (gunicorn_conf.py, at start-up); every worker
-forks with them imported and shares their pages. Our own code (``gateway``, ``fleet.app``) is
+forks with them imported and shares their pages. Every library a worker imports is listed
+(tests/fleet/test_boot.py checks that a worker's boot imports nothing else): cryptography,
+sqlglot's PostgreSQL dialect and PyYAML, left to each worker, were another ~28 ms of its CPU. Our own code (``gateway``, ``fleet.app``) is
 still imported by each worker, so a SIGHUP still loads a deployed change of it; a new version
 of a library needs a restart of the master (``fleet down`` / ``up``, or a rolling restart).
 
@@ -23,20 +25,27 @@ from __future__ import annotations
 
 import compileall
 import importlib
+import mimetypes
 from pathlib import Path
 
-LIBRARIES = ("falcon", "psycopg2", "psycopg2.extras", "psycopg2.pool", "redis", "orjson",
-             "sqlglot", "sqlglot.expressions", "sqlglot.optimizer", "pglast", "prometheus_client")
+LIBRARIES = ("falcon", "psycopg2", "psycopg2.extras", "psycopg2.pool", "psycopg2.errors", "psycopg2.errorcodes",
+             "redis", "orjson", "sqlglot", "sqlglot.expressions", "sqlglot.optimizer", "sqlglot.dialects.postgres",
+             "pglast", "prometheus_client", "yaml", "cryptography.exceptions",
+             "cryptography.hazmat.primitives.ciphers.aead", "pickle", "logging.handlers", "hmac", "secrets",
+             "encodings.idna")
 
 
 def preload_libraries(names: tuple[str, ...] = LIBRARIES) -> list[str]:
-    """Import ``names`` here (the master); returns those that could not be imported."""
+    """Import ``names`` here (the master); returns those that could not be imported. Also reads
+    the system's MIME types, which Falcon's first ``App`` reads otherwise (``/etc/mime.types``,
+    2,000 lines: 15-25 ms of each worker's boot)."""
     missing = []
     for name in names:
         try:
             importlib.import_module(name)
         except ImportError:
             missing.append(name)
+    mimetypes.init()
     return missing
 
 

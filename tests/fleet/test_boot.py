@@ -86,3 +86,30 @@ def test_the_master_compiles_our_own_code_once_for_its_workers(tmp_path):
     assert compile_own_code(tmp_path)
     assert _compiled_for(changed)
     assert "compile_own_code()" in (Path(__file__).resolve().parents[2] / "fleet" / "gunicorn_conf.py").read_text()
+
+
+_WORKER_BOOT = """
+import sys
+import gunicorn.arbiter, gunicorn.config, gunicorn.http.wsgi, gunicorn.workers.gthread   # the master's own
+from fleet.boot import preload_libraries
+assert not preload_libraries()
+before = set(sys.modules)
+from fleet.app import create_app
+app = create_app()
+app.parts.close()
+print(sorted(m for m in set(sys.modules) - before if not m.startswith(("gateway", "fleet"))))
+"""
+
+
+def test_a_worker_boot_imports_nothing_the_master_did_not(services, tmp_path):
+    """A worker forks from a master that ran ``preload_libraries`` and builds the application:
+    every module it imports is our own (each library imported by a worker cost every boot its
+    import again: cryptography, sqlglot's PostgreSQL dialect and PyYAML were ~28 ms of CPU
+    together, next to the workers that serve). A new import belongs in ``fleet.boot.LIBRARIES``."""
+    import subprocess
+    import sys as _sys
+
+    done = subprocess.run([_sys.executable, "-c", _WORKER_BOOT], cwd=Path(__file__).resolve().parents[2],
+                          env=services.env(tmp_path, workers=1), capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().splitlines()[-1] == "[]", done.stdout[-2000:]
