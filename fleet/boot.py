@@ -6,9 +6,10 @@ of it importing falcon, psycopg2, redis, sqlglot, pglast, orjson and prometheus_
 ``preload_libraries`` imports them in the master (gunicorn_conf.py, at start-up); every worker
 forks with them imported and shares their pages. Every library a worker imports is listed
 (tests/fleet/test_boot.py checks that a worker's boot imports nothing else): cryptography,
-sqlglot's PostgreSQL dialect and PyYAML, left to each worker, were another ~28 ms of its CPU. Our own code (``gateway``, ``fleet.app``) is
-still imported by each worker, so a SIGHUP still loads a deployed change of it; a new version
-of a library needs a restart of the master (``fleet down`` / ``up``, or a rolling restart).
+sqlglot's PostgreSQL dialect and PyYAML, left to each worker, were another ~28 ms of its CPU.
+Our own code (``gateway``, ``fleet.app``) is still imported by each worker, so a SIGHUP still
+loads a deployed change of it; a new version of a library needs a restart of the master
+(``fleet down`` / ``up``, or a rolling restart).
 
 Our own code is compiled once, by the master, into its ``__pycache__`` (``compile_own_code``):
 where bytecode is not written on import (``PYTHONDONTWRITEBYTECODE``, a read-only checkout)

@@ -42,7 +42,7 @@ def master_factory(services, tmp_path_factory):
 
 
 def test_sigterm_under_load_every_answer_is_in_the_history(master_factory, endpoint, superuser):
-    master = master_factory(workers=2)
+    master = master_factory(workers=2, log_level="info", access_log="false")
     ep = endpoint("SELECT 1 AS one")
     workers = master.worker_pids()
     # A new connection a call: with the workers sharing one listening socket, four keep-alive
@@ -67,10 +67,21 @@ def test_sigterm_under_load_every_answer_is_in_the_history(master_factory, endpo
     assert not missing, f"{len(missing)} of {len(answered)} answered calls are not in the history:\n" \
                         f"{master.log_tail()}"
     assert len(set(found.values())) == 2   # both workers served, both flushed
+    _left_without_teardown(master, workers)
+
+
+def _left_without_teardown(master, pids) -> None:
+    """Each worker left through fleet/worker.py's ``_exit_now`` (its application closed, then
+    ``os._exit``: the interpreter's teardown skipped), with status 0 (the master logs others).
+    The master must log at ``info``."""
+    log = master.log_tail(100_000)
+    for pid in pids:
+        assert f"Worker exiting (pid: {pid}): every call answered, the application closed" in log, log
+    assert "exited with code" not in log and "Traceback" not in log, log
 
 
 def test_sighup_reload_under_load_loses_no_call(master_factory, endpoint, superuser):
-    master = master_factory(workers=2)
+    master = master_factory(workers=2, log_level="info", access_log="false")
     ep = endpoint("SELECT 1 AS one")
     old = set(master.worker_pids())
     stream = EventStream(Connection(master.base))   # must not hold an old worker back
@@ -105,6 +116,7 @@ def test_sighup_reload_under_load_loses_no_call(master_factory, endpoint, superu
     assert len(found) == len(answers)
     served_by = {w.rsplit(":", 1)[1] for w in found.values()}
     assert {str(p) for p in old} <= served_by and {str(p) for p in new} & served_by
+    _left_without_teardown(master, old)
 
 
 def test_ready_is_503_while_draining(master_factory, endpoint, superuser):
