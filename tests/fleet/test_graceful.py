@@ -13,6 +13,7 @@ import signal
 import socket
 import threading
 import time
+from pathlib import Path
 
 import falcon.testing
 import pytest
@@ -381,7 +382,22 @@ def test_one_socket_per_worker_reload_and_recycling_fail_no_request(services, tm
         admin.close()
         master.stop()
     calls = keepalive.calls + fresh.calls
-    bad = [(c.status, c.code, str(c.body)[:120]) for c in calls if c.status != 200 or c.body != [{"v": 1}]]
-    print(f"{len(calls)} calls ({len(fresh.calls)} on fresh connections), {len(seen)} workers seen")
+    # README, GATEWAY_REUSE_PORT: a connect that reaches a leaving worker's socket in the instant
+    # it is shut is refused (nothing was sent) unless net.ipv4.tcp_migrate_req=1 moves it to a
+    # sibling's: CI met one in 15,966 calls. A few, at most, and only where the kernel cannot move them.
+    migrates = _sysctl("net/ipv4/tcp_migrate_req") == "1"
+    refused = [c for c in calls if c.status == 0 and "refused" in str(c.body).lower()]
+    bad = [(c.status, c.code, str(c.body)[:120]) for c in calls
+           if (c.status != 200 or c.body != [{"v": 1}]) and (migrates or c not in refused)]
+    print(f"{len(calls)} calls ({len(fresh.calls)} on fresh connections), {len(seen)} workers seen, "
+          f"{len(refused)} connects refused")
     assert len(seen) >= 5 and len(fresh.calls) > 200
     assert not bad, f"{len(bad)} of {len(calls)} calls failed: {bad[:5]}"
+    assert len(refused) <= 3, f"{len(refused)} connects refused"
+
+
+def _sysctl(name: str) -> str | None:
+    try:
+        return (Path("/proc/sys") / name).read_text().strip()
+    except OSError:
+        return None
