@@ -33,6 +33,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from fleet.boot import compile_own_code, preload_libraries  # noqa: E402
 from fleet.listen import make_unlistened, start_listening  # noqa: E402
 from fleet.slots import Slots  # noqa: E402
+from fleet.worker import close_application  # noqa: E402
 from gateway.settings import Settings  # noqa: E402
 
 _settings = Settings.from_env()
@@ -163,6 +164,4 @@ def child_exit(server: Arbiter, worker: Worker) -> None:
 def worker_exit(server: Arbiter, worker: Worker) -> None:
     if os.getpid() == server.pid:       # the master, for a worker gone before it was reaped
         _slots(server).free(getattr(worker, "gw_slot", None), worker.age)
-    parts = getattr(getattr(worker, "wsgi", None), "parts", None)
-    if parts is not None:
-        parts.close()
+    close_application(worker)

@@ -72,6 +72,14 @@ CLOSE_LINGER_S = 2.0      # a closed connection waits at most this long for the 
 NOTIFY_EVERY_S = 1.0      # the heartbeat to the master at most this often (its timeout: 60 s)
 
 
+def close_application(worker: Any) -> None:
+    """Close what the worker's application holds (gateway.app.Parts: the history's last batch
+    stored, the sessions closed, the log's queue drained); nothing when it did not load."""
+    parts = getattr(getattr(worker, "wsgi", None), "parts", None)
+    if parts is not None:
+        parts.close()
+
+
 class BalancedThreadWorker(ThreadWorker):
     """gthread with balanced accepts, connection shedding and handover (module docstring).
 
@@ -137,14 +145,11 @@ class BalancedThreadWorker(ThreadWorker):
     def _exit_now(self) -> None:
         """Every call this worker took is answered (past gunicorn's graceful timeout it is not:
         then the usual way): close the application as fleet/gunicorn_conf.py's ``worker_exit``
-        does (the history's last batch stored, the sessions closed, the log's queue drained),
-        flush, and leave without the interpreter's teardown, which only frees memory the kernel
-        frees anyway: 25 ms of CPU measured, spent next to the workers that take over, at every
-        reload, recycle and restart."""
+        does (``close_application``), flush, and leave without the interpreter's teardown, which
+        only frees memory the kernel frees anyway: 25 ms of CPU measured, spent next to the
+        workers that take over, at every reload, recycle and restart."""
         self.log.info("Worker exiting (pid: %s): every call answered, the application closed", self.pid)
-        parts = getattr(self.wsgi, "parts", None)
-        if parts is not None:
-            parts.close()
+        close_application(self)
         logging.shutdown()
         for stream in (sys.stdout, sys.stderr):
             try:

@@ -46,7 +46,7 @@ from .pipeline.identify import AdminIdentity
 from .ports import Admission, AdmitAll, Events, LocalSync, Sync
 from .settings import Settings
 from .store.history import HistoryWriter
-from .store.pool import WaitingPool, ping
+from .store.pool import WaitingPool, borrowed, ping
 from .store.purges import PurgeCounter
 from .store.schema import migrate
 from .store.spool import open_spool, spool_folder
@@ -220,16 +220,8 @@ def build_app(settings: Settings, ports: Ports | None = None,
 
 def _store_reachable(store_pool: psycopg2.pool.AbstractConnectionPool) -> bool:
     try:
-        conn = store_pool.getconn()
+        with borrowed(store_pool) as conn:
+            ping(conn)
+        return True
     except (psycopg2.Error, psycopg2.pool.PoolError):
         return False
-    broken = False
-    try:
-        ping(conn)
-        conn.rollback()
-        return True
-    except psycopg2.Error:
-        broken = True
-        return False
-    finally:
-        store_pool.putconn(conn, close=broken)

@@ -34,6 +34,7 @@ import psycopg2
 from .errors import GatewayError
 from .pipeline.plans import plan_for
 from .store.history import recent_calls
+from .store.pool import borrowed
 
 if TYPE_CHECKING:
     from psycopg2.pool import AbstractConnectionPool
@@ -88,13 +89,8 @@ class Warmup:
     # --- what the fleet calls -------------------------------------------------------------------
     def _hot_pairs(self, catalog: Catalog) -> list[tuple[ApiKey, QueryVersion, int]]:
         """The most called (key, published version) pairs the key still reaches, most called first."""
-        conn = self._store.getconn()
-        broken = True
-        try:
+        with borrowed(self._store) as conn:
             counts = recent_calls(conn, self._settings.warm_window_s, HISTORY_ROWS)
-            broken = False
-        finally:
-            self._store.putconn(conn, close=broken)
         pairs = []
         for (key_id, name), calls in counts.most_common():
             key = self._key(catalog, key_id)

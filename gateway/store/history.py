@@ -286,6 +286,4 @@ def recent_calls(conn: psycopg2.extensions.connection, window_s: float, limit: i
     (one index scan on ``at``, whatever the rate): what a starting worker warms (``gateway.warmup``)."""
     with conn.cursor() as cur:
         cur.execute(_RECENT, (window_s, limit))
-        counts = collections.Counter(cur.fetchall())
-    conn.rollback()
-    return counts
+        return collections.Counter(cur.fetchall())

@@ -16,6 +16,8 @@ opened only when needed, and at most ``maxconn``.
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import psycopg2.extensions
@@ -45,6 +47,20 @@ class WaitingPool(psycopg2.pool.ThreadedConnectionPool):
             super().putconn(conn, key, close)
         finally:
             self._free.release()
+
+
+@contextmanager
+def borrowed(pool: psycopg2.pool.AbstractConnectionPool) -> Iterator[psycopg2.extensions.connection]:
+    """A connection of ``pool`` for one short read: given back rolled back, or closed when
+    anything failed on it."""
+    conn = pool.getconn()
+    broken = True
+    try:
+        yield conn
+        conn.rollback()
+        broken = False
+    finally:
+        pool.putconn(conn, close=broken)
 
 
 def ping(conn: psycopg2.extensions.connection) -> None:

@@ -792,3 +792,21 @@ def test_a_kind_the_readers_disagree_on_is_refused(sql, kind):
 def test_a_statement_count_the_readers_disagree_on_is_refused():
     text = "SELECT 1 AS a; SELECT 2"   # nothing in the second for another check to catch
     refused(_doctored("SELECT 1 AS a", text=text, words=words_of(text)), "analysis_failed")
+
+
+_WORD_AS_RANGES = r"[A-Za-z_\u0080-\U0010ffff][A-Za-z0-9_$\u0080-\U0010ffff]*\Z"
+
+
+@settings(max_examples=3000, deadline=None)
+@given(st.text(alphabet=st.sampled_from(
+    [chr(c) for c in range(0, 0x100)] + ["\u2028", "\ufeff", "\uffff", "日", "\U0001F600", "\U0010ffff"]),
+    max_size=8))
+def test_the_cross_checks_word_pattern_is_the_set_it_names(text):
+    """The words the ad-hoc analysis compares with PostgreSQL's reading (``_sqlglot_words``): its
+    pattern is spelled with a negated ASCII class (cheap to compile at each worker's boot) and
+    must match exactly what the character ranges it replaced match, boundaries (0x7f, 0x80,
+    the last code point, ``$`` and digits first) included."""
+    import re
+
+    from gateway.governance.analysis import _WORD_FULL
+    assert bool(_WORD_FULL.match(text)) == bool(re.match(_WORD_AS_RANGES, text))
