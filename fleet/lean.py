@@ -47,6 +47,8 @@ class FrozenConfig:
         # sendfile, ...) is read through that property, every time, as gunicorn reads it.
         computed = {name for name, value in vars(type(cfg)).items() if isinstance(value, property)}
         self.__dict__.update({name: setting.get() for name, setting in cfg.settings.items() if name not in computed})
+        # Whether the worker speaks TLS cannot change while it lives; every request reads it.
+        self.__dict__["is_ssl"] = cfg.is_ssl
         self.__dict__["_cfg"] = cfg
 
     def __getattr__(self, name: str) -> Any:

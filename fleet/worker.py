@@ -61,6 +61,7 @@ from gunicorn.http import wsgi
 from gunicorn.workers.gthread import ThreadWorker
 
 from fleet.lean import FrozenConfig, LeanResponse, nothing_to_drain
+from fleet.lean_request import LeanParser, plain_environ, plain_heads_allowed
 from fleet.slots import BOOTING, LEAVING, SERVING, Slots
 
 SLACK = 1                 # connections a worker may hold above the least loaded sibling
@@ -111,6 +112,8 @@ class BalancedThreadWorker(ThreadWorker):
         self._socket_gone = False
         self._one_socket_each = bool(self.cfg.reuse_port)
         self._notified_at = -math.inf
+        self._plain_heads = plain_heads_allowed(self.cfg)
+        self._errors = wsgi.WSGIErrorsWrapper(self.cfg)   # what wsgi.create makes per request
 
     def notify(self) -> None:
         """gunicorn's heartbeat, a utime(2) of the worker's temporary file, ran on every turn of
@@ -366,6 +369,14 @@ class BalancedThreadWorker(ThreadWorker):
             return
         super().handle_exit(sig, frame)
 
+    # --- reading requests ----------------------------------------------------------------------
+    def enqueue_req(self, conn: Any) -> None:
+        """A new connection gets the parser that reads plain heads itself (fleet/lean_request.py)
+        where gunicorn would give it its HTTP/1 parser: not over TLS, not HTTP/2."""
+        if conn.parser is None and self._plain_heads:
+            conn.parser = LeanParser(self.cfg, conn.sock, conn.client)
+        super().enqueue_req(conn)
+
     # --- moving connections --------------------------------------------------------------------
     def handle_request(self, req: Any, conn: Any) -> bool:
         if self._shed > 0 and not getattr(conn, "gw_shed", False):
@@ -395,8 +406,12 @@ class BalancedThreadWorker(ThreadWorker):
             self.cfg.pre_request(self, req)
             logged = self.log.access_log_enabled
             started = time.monotonic() if logged else 0.0
-            resp, environ = wsgi.create(req, conn.sock, conn.client, conn.server, self.cfg,
-                                        response_class=LeanResponse)
+            if getattr(req, "plain", False) and type(conn.client) is tuple and type(conn.server) is tuple:
+                resp = LeanResponse(req, conn.sock, self.cfg)
+                environ = plain_environ(req, conn.sock, conn.client, conn.server, self.cfg, resp, self._errors)
+            else:
+                resp, environ = wsgi.create(req, conn.sock, conn.client, conn.server, self.cfg,
+                                            response_class=LeanResponse)
             environ["wsgi.multithread"] = True
             self.nr += 1
             if not self.alive or not self.cfg.keepalive or len(self.keepalived_conns) >= self.max_keepalived:
