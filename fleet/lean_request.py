@@ -58,13 +58,20 @@ def plain_heads_allowed(cfg: Any) -> bool:
             and getattr(cfg, "http2_cleartext", "off") not in ("prior-knowledge", "both"))
 
 
+class NotPlain(Exception):
+    """A head ``LeanParser.read_ready`` leaves to gunicorn's parser (on a thread)."""
+
+
 class LeanRequest(Request):
-    """gunicorn's ``Request``; a plain head is read by ``_plain`` (``plain`` is then True)."""
+    """gunicorn's ``Request``; a plain head is read by ``_plain`` (``plain`` is then True).
+    ``plain_only`` (``LeanParser.read_ready``): any other head raises ``NotPlain`` with its bytes
+    given back, instead of being parsed (or refused) by gunicorn's parser here."""
 
     plain = False
+    plain_only = False
 
     def parse(self, unreader: Any) -> bytes:
-        if self._use_fast:      # gunicorn's C parser, were it installed: its own way
+        if self._use_fast and not self.plain_only:   # gunicorn's C parser, were it installed: its own way
             return super().parse(unreader)
         buf = bytearray()
         self.read_into(unreader, buf, stop=True)
@@ -72,6 +79,9 @@ class LeanRequest(Request):
         if end > 0 and self._plain(bytes(buf[:end])):
             self.plain = True
             return bytes(buf[end + 4:])
+        if self.plain_only:
+            unreader.unread(bytes(buf))
+            raise NotPlain()
         return self._parse_python(unreader, buf)
 
     def _plain(self, head: bytes) -> bool:
@@ -110,13 +120,22 @@ class LeanRequest(Request):
         return True
 
 
+class _PlainOnly(LeanRequest):
+    plain_only = True
+
+
 class LeanParser(RequestParser):
     mesg_class = LeanRequest
     mesg: Any
+    ready: LeanRequest | None = None    # read by ``read_ready``, handed out by the next ``next``
 
     def __next__(self) -> LeanRequest:
         """gunicorn's, without draining a previous request that left nothing to drain (its
         drain restores the socket's timeout: a system call per request to find nothing)."""
+        ready = self.ready
+        if ready is not None:
+            self.ready = None
+            return ready
         previous = self.mesg
         if previous is None or not nothing_to_drain(previous):
             return super().__next__()
@@ -127,6 +146,33 @@ class LeanParser(RequestParser):
         return request
 
     next = __next__
+
+    def read_ready(self) -> LeanRequest | None:
+        """On the server's loop, for a kept-alive connection that became readable (its socket
+        non-blocking): the next request, read without ever waiting, when it is plain and all of
+        it arrived in one read with nothing after it; else None. Either way what was read stays
+        for ``next``: a request read here is the one ``next`` returns (``ready``)."""
+        previous = self.mesg
+        if self.ready is not None or previous is None or not nothing_to_drain(previous) \
+                or previous.should_close() or self.unreader.buf.getvalue():
+            return None
+        sock = self.unreader.sock
+        try:
+            data = sock.recv(self.unreader.mxchunk)
+        except OSError:            # nothing yet, or a reset: the thread's read finds it as it is
+            return None
+        if not data:
+            return None            # the client closed: next() finds it so too
+        self.unreader.unread(data)
+        if data.find(b"\r\n\r\n") != len(data) - 4:
+            return None            # not all of it yet, or more behind it: gunicorn's way, on a thread
+        try:
+            request = _PlainOnly(self.cfg, self.unreader, self.source_addr, self.req_count + 1)
+        except NotPlain:
+            return None
+        self.req_count += 1
+        self.mesg = self.ready = request
+        return request
 
 
 def plain_environ(req: LeanRequest, sock: Any, client: Any, server: Any, cfg: Any, resp: Any,

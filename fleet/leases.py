@@ -291,6 +291,9 @@ class LeasedAdmission:
     def leave(self, key: ApiKey, place: object) -> None:
         self.running.leave(place)  # type: ignore[arg-type]  # what enter() returned
 
+    def local(self, key: ApiKey) -> bool:
+        return self._ip_rate is None and key.rate is None and key.quota is None and key.max_concurrent is None
+
     # --- rate limits ------------------------------------------------------------------
     def _lease(self, bucket: str) -> _Lease:
         lease = self._leases.get(bucket)

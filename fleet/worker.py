@@ -53,6 +53,7 @@ import socket
 import sys
 import threading
 import time
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
@@ -114,6 +115,7 @@ class BalancedThreadWorker(ThreadWorker):
         self._notified_at = -math.inf
         self._plain_heads = plain_heads_allowed(self.cfg)
         self._errors = wsgi.WSGIErrorsWrapper(self.cfg)   # what wsgi.create makes per request
+        self._from_memory: Callable[[str, str | None], bool] | None = None   # set in run()
 
     def notify(self) -> None:
         """gunicorn's heartbeat, a utime(2) of the worker's temporary file, ran on every turn of
@@ -138,6 +140,10 @@ class BalancedThreadWorker(ThreadWorker):
         # in its poll until its timeout (up to 1 s: an orphan kept its idle connections that
         # long). Python writes every signal to the wakeup fd gunicorn set: the loop watches it.
         self.poller.register(self.PIPE[0], selectors.EVENT_READ, self._signalled)
+        # Calls the application answers from memory are answered on this loop (below); not with
+        # gunicorn's access log on (its lock and writes would be the loop's).
+        if self._plain_heads and not self.log.access_log_enabled:
+            self._from_memory = getattr(self.wsgi, "from_memory", None)
         try:
             super().run()
         finally:
@@ -377,6 +383,49 @@ class BalancedThreadWorker(ThreadWorker):
             conn.parser = LeanParser(self.cfg, conn.sock, conn.client)
         super().enqueue_req(conn)
 
+    def on_client_socket_readable(self, conn: Any, client: Any) -> None:
+        if self._from_memory is None or not self._answered_here(conn, client):
+            super().on_client_socket_readable(conn, client)
+
+    def _answered_here(self, conn: Any, client: Any) -> bool:
+        """A kept-alive connection's next request, answered on this loop instead of a thread when
+        the application can answer it from memory alone (gateway/pipeline/from_memory.py): a
+        thread would only add its hand-offs. The request must have arrived whole and plain
+        (``LeanParser.read_ready``; what was read otherwise goes to a thread as usual), be a GET
+        without Cache-Control (which may ask for the database), and be known to the application.
+        The answer is written without waiting: what the socket does not take at once is sent
+        by a thread (``_LoopWriter``). Everything else is gthread's own ``handle`` and
+        ``finish_request``, as on a thread."""
+        parser = conn.parser
+        if type(parser) is not LeanParser:
+            return False
+        req = parser.read_ready()
+        if req is None or req.method != "GET":
+            return False
+        secret = None
+        for name, value in req.headers:
+            if name == "X-API-KEY":
+                secret = value
+            elif name == "CACHE-CONTROL":
+                return False
+        assert self._from_memory is not None
+        if not self._from_memory(req.uri, secret):
+            return False
+        self.poller.unregister(client)
+        self.keepalived_conns.remove(conn)
+        sock = conn.sock
+        writer = conn.sock = _LoopWriter(sock)
+        try:
+            keep = self.handle(conn)
+        finally:
+            conn.sock = sock
+        if writer.pending:
+            future = self.tpool.submit(writer.send_rest, keep)
+            future.add_done_callback(lambda done: self.method_queue.defer(self.finish_request, conn, done))
+        else:
+            self.finish_request(conn, _Answered(keep))
+        return True
+
     # --- moving connections --------------------------------------------------------------------
     def handle_request(self, req: Any, conn: Any) -> bool:
         if self._shed > 0 and not getattr(conn, "gw_shed", False):
@@ -494,3 +543,63 @@ class BalancedThreadWorker(ThreadWorker):
         for sock, deadline in list(self._closing.items()):
             if everything or deadline <= now:
                 self._closed(sock)
+
+
+class _LoopWriter:
+    """A connection's socket while the loop answers on it: a send never waits. What the kernel
+    does not take at once (a client that does not read) is kept, and sent by a thread
+    (``send_rest``) before the connection goes back to the loop."""
+
+    __slots__ = ("sock", "pending")
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.pending: list[bytes] = []
+
+    def sendall(self, data: bytes) -> None:
+        if not self.pending:
+            try:
+                sent = self.sock.send(data)
+            except (BlockingIOError, InterruptedError):
+                sent = 0
+            if sent == len(data):
+                return
+            data = data[sent:]
+        self.pending.append(bytes(data))
+
+    def setblocking(self, flag: bool) -> None:
+        """gthread's ``handle`` makes the socket blocking for a thread: not on the loop."""
+
+    def send_rest(self, keep: bool) -> bool:
+        """On a thread: what the kernel did not take; then whether to keep the connection."""
+        try:
+            self.sock.setblocking(True)
+            for data in self.pending:
+                self.sock.sendall(data)
+        except OSError:
+            return False
+        return keep
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.sock, name)
+
+
+class _Answered:
+    """``finish_request``'s future for an answer made on the loop: done, with ``keep``."""
+
+    __slots__ = ("_keep",)
+
+    def __init__(self, keep: bool) -> None:
+        self._keep = keep
+
+    def done(self) -> bool:
+        return True
+
+    def cancelled(self) -> bool:
+        return False
+
+    def exception(self) -> None:
+        return None
+
+    def result(self) -> bool:
+        return self._keep

@@ -42,6 +42,7 @@ from .model.catalog import ApiKey, Catalog
 from .model.state import CatalogHolder
 from .observe import AccessLog, Metrics, setup_logging
 from .pipeline import Pipeline
+from .pipeline.from_memory import FromMemory
 from .pipeline.identify import AdminIdentity
 from .ports import Admission, AdmitAll, Events, LocalSync, Sync
 from .settings import Settings
@@ -105,7 +106,11 @@ class Parts:
 
 
 class GatewayApp(falcon.App):
-    """A Falcon app that also holds its gateway parts, so gunicorn hooks can close them."""
+    """A Falcon app that also holds its gateway parts, so gunicorn hooks can close them, and
+    tells the server which calls it can answer from memory (``from_memory``: the worker's loop
+    answers those itself, fleet/worker.py)."""
+
+    from_memory: FromMemory | None = None
 
     def __init__(self, parts: Parts, middleware: list[Any]) -> None:
         super().__init__(media_type=falcon.MEDIA_JSON, middleware=middleware)
@@ -164,9 +169,10 @@ def build_app(settings: Settings, ports: Ports | None = None,
                        "generation": lambda: holder.catalog.generation, "reloads": lambda: holder.reloads,
                        "full_loads": lambda: holder.full_loads,
                        "pool_sessions": pools.open_sessions, "fallbacks": lambda: admission.fallbacks,
-                       "bus_connected": lambda: sync.connected})
+                       "bus_connected": lambda: sync.connected, "loop_answers": lambda: from_memory.answered})
     history.add_observer(metrics)
     cache = ResponseCache(settings, ports.cache_sync, ports.cache_shared, worker_name(), purges=PurgeCounter(connect))
+    from_memory = FromMemory(holder, cache, admission)
     history.add_observer(CacheMetrics(cache, metrics.registry))
     if settings.access_log:
         history.add_observer(AccessLog(settings.access_log_sample))
@@ -190,7 +196,8 @@ def build_app(settings: Settings, ports: Ports | None = None,
     http_errors.install(app)
 
     admin = AdminCheck(settings.admin_key, holder)   # a data key on /api/v1: 403 admin_only
-    pipeline = Pipeline(holder, pools, history, settings, admission, cache, schemas)
+    app.from_memory = from_memory
+    pipeline = Pipeline(holder, pools, history, settings, admission, cache, schemas, from_memory)
     app.add_route("/q/{name}", QueryResource(pipeline, settings))
     app.add_route("/execute_sql", AdHoc(pipeline, settings, schemas))
     app.add_route("/api/v1/usage/quotas", management.QuotaUsageResource(admission, holder, admin))

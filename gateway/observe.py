@@ -126,6 +126,8 @@ class Metrics:
         self.reloads = Counter("gateway_catalog_reloads", "Catalog reloads from the store", registry=reg)
         self.full_loads = Counter("gateway_catalog_full_loads", "Catalog reloads that read the whole catalog "
                                   "(the others applied only the changed rows)", registry=reg)
+        self.loop_answers = Counter("gateway_loop_answers", "Calls answered from memory on the server's loop "
+                                    "instead of a thread", registry=reg)
         self.queue_depth = Gauge("gateway_history_queue_depth", "Runs waiting to be stored",
                                  multiprocess_mode="livesum", registry=reg)
         self.generation = Gauge("gateway_catalog_generation", "Catalog generation served",
@@ -135,7 +137,7 @@ class Metrics:
         self.bus_connected = Gauge("gateway_bus_connected", "Workers connected to the bus",
                                    multiprocess_mode="livesum", registry=reg)
         self._gauges = gauges
-        self._last = {"dropped": 0, "fallbacks": 0, "reloads": 0, "full_loads": 0}
+        self._last = {"dropped": 0, "fallbacks": 0, "reloads": 0, "full_loads": 0, "loop_answers": 0}
 
     def __call__(self, batch: Sequence[Run]) -> None:
         # The counters are summed over the batch and added once per label set: every inc() or
@@ -166,7 +168,7 @@ class Metrics:
     def tick(self) -> None:
         values = {name: read() for name, read in self._gauges.items()}
         for name, counter in (("dropped", self.dropped), ("fallbacks", self.fallbacks), ("reloads", self.reloads),
-                              ("full_loads", self.full_loads)):
+                              ("full_loads", self.full_loads), ("loop_answers", self.loop_answers)):
             delta = values.get(name, 0) - self._last[name]
             if delta > 0:
                 counter.inc(delta)

@@ -109,6 +109,10 @@ class Admission(Protocol):
     def leave(self, key: ApiKey, place: object) -> None:
         """Give back what ``enter`` returned (once; never raises)."""
 
+    def local(self, key: ApiKey) -> bool:
+        """Whether admitting a call of ``key``, from any client, never needs the shared state
+        (no limit applies: nothing to lease, count or hold)."""
+
     def close(self) -> None: ...
 
 
@@ -141,6 +145,9 @@ class AdmitAll:
 
     def leave(self, key: ApiKey, place: object) -> None:
         pass
+
+    def local(self, key: ApiKey) -> bool:
+        return True
 
     def close(self) -> None:
         pass

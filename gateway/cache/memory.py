@@ -76,6 +76,11 @@ class MemoryCache:
             entry.hits += 1
         return entry
 
+    def holds(self, digest: str, for_s: float) -> bool:
+        """Whether ``digest`` is held and stays fresh ``for_s`` longer (a look: no hit counted)."""
+        entry = self._entries.get(digest)
+        return entry is not None and entry.expires_mono > self._clock() + for_s
+
     def mark(self, query: str, db: str) -> tuple[int, int, int]:
         """Taken before a fill reads anything: the purges so far that could name its entry."""
         return self._all, self._by_query.get(query, 0), self._by_db.get(db, 0)

@@ -36,6 +36,8 @@ if TYPE_CHECKING:
 log = logging.getLogger("gateway.cache")
 
 
+# ``ready`` says no for an entry this close to its expiry: the call would likely find it gone.
+READY_FOR_S = 0.5
 # The largest entry the shared tier takes when this worker keeps no memory (GATEWAY_CACHE_MAX_BYTES=0).
 _SHARED_MAX = 1 << 20
 
@@ -122,6 +124,11 @@ class ResponseCache:
             with self._lock:
                 self._flights.pop(digest, None)
             flight.done.set()
+
+    def ready(self, digest: str) -> bool:
+        """Whether a call of ``digest`` would be answered from memory with no I/O: the bus keeps
+        this worker fresh and the entry is held, not about to expire (``READY_FOR_S``)."""
+        return self._sync.fresh() and self.memory.holds(digest, READY_FOR_S)
 
     def _confirmed(self) -> bool:
         """Away from the bus: memory may serve only while the store's purge counter has not

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 from ..errors import bad_request
 from ..pipeline import RESERVED, CallArgs, SavedCall, split_reserved
 from ..pipeline.args import reserved_args
+from ..pipeline.from_memory import FromMemory
 from .common import client_ip, read_json, request_id
 
 if TYPE_CHECKING:
@@ -36,10 +37,13 @@ class QueryResource:
                 code = "invalid_body" if key in ("format", "connection_name") else \
                     f"invalid_{'paging' if 'page' in key else key}"
                 raise bad_request(code, f"{key} was given more than once")
-        control = req.env.get("HTTP_CACHE_CONTROL")
+        env = req.env
+        control = env.get("HTTP_CACHE_CONTROL")
         if control is not None:   # most calls send none: no call for it
             reserved = _no_cache(control, reserved)
-        self._run(req, resp, SavedCall(name, params, reserved, True, self._settings, self._defaults))
+        raw = env.get("RAW_URI")   # gunicorn's: the target as received (FromMemory learns calls by it)
+        target = None if raw is None or control is not None else FromMemory.target(raw, env.get("HTTP_X_API_KEY"))
+        self._run(req, resp, SavedCall(name, params, reserved, True, self._settings, self._defaults), target)
 
     def on_post(self, req: falcon.Request, resp: falcon.Response, name: str) -> None:
         body = read_json(req, self._settings.max_body_bytes)
@@ -53,12 +57,13 @@ class QueryResource:
         control = req.env.get("HTTP_CACHE_CONTROL")
         if control is not None:
             reserved = _no_cache(control, reserved)
-        self._run(req, resp, SavedCall(name, params, reserved, False, self._settings, self._defaults))
+        self._run(req, resp, SavedCall(name, params, reserved, False, self._settings, self._defaults), None)
 
-    def _run(self, req: falcon.Request, resp: falcon.Response, call: SavedCall) -> None:
+    def _run(self, req: falcon.Request, resp: falcon.Response, call: SavedCall, target: int | None) -> None:
         env = req.env
         self._pipeline.run(resp, call, request_id=request_id(req), ip=client_ip(env, self._hops),
-                           secret=env.get("HTTP_X_API_KEY"), if_none_match=env.get("HTTP_IF_NONE_MATCH"))
+                           secret=env.get("HTTP_X_API_KEY"), if_none_match=env.get("HTTP_IF_NONE_MATCH"),
+                           target=target)
 
 
 def _no_cache(control: str, reserved: dict) -> dict:

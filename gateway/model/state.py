@@ -52,6 +52,10 @@ class CatalogHolder:
             return self.catalog
         return self._revalidate()
 
+    def fresh(self) -> catalog_mod.Catalog | None:
+        """The snapshot ``current`` would return without reading the store, or None."""
+        return self.catalog if time.monotonic() < self.fresh_until else None
+
     # --- control plane ---------------------------------------------------------------------
     def renew(self, until: float) -> None:
         self.fresh_until = until

@@ -48,6 +48,7 @@ if TYPE_CHECKING:
     from ..ports import Admission, Headers
     from ..settings import Settings
     from ..store.history import HistoryWriter
+    from .from_memory import FromMemory
 
 
 class EntryPoint(Protocol):
@@ -74,10 +75,11 @@ class EntryPoint(Protocol):
 
 class Pipeline:
     __slots__ = ("_holder", "_pools", "_history", "_settings", "_admission", "_mask_key", "_cache", "_admin",
-                 "_schemas")
+                 "_schemas", "_from_memory")
 
     def __init__(self, holder: CatalogHolder, pools: runner.Pools, history: HistoryWriter, settings: Settings,
-                 admission: Admission, cache: ResponseCache | None = None, schemas: SchemaCache | None = None) -> None:
+                 admission: Admission, cache: ResponseCache | None = None, schemas: SchemaCache | None = None,
+                 from_memory: FromMemory | None = None) -> None:
         self._holder = holder
         self._pools = pools
         self._history = history
@@ -87,11 +89,14 @@ class Pipeline:
         self._cache = cache
         # The connections' inheritance and partition trees as they are now, for the plans.
         self._schemas = schemas
+        self._from_memory = from_memory   # told which calls were answered from the cache (see from_memory.py)
         # The admin key runs everything on the data plane too (as QueryAPIGate's); none: nobody does.
         self._admin = AdminIdentity(settings.admin_key, ApiKey.admin()) if settings.admin_key else None
 
     def run(self, resp: falcon.Response, call: EntryPoint, *, request_id: str, ip: str, secret: str | None,
-            if_none_match: str | None = None) -> None:
+            if_none_match: str | None = None, target: int | None = None) -> None:
+        """``target``: the call as ``FromMemory.target`` names it, when the entry point may be
+        answered on the server's loop another time (a plain GET)."""
         started = time.perf_counter()
         key = None
         admitted = False   # past admission: the key's quota was charged, whatever happens next
@@ -135,6 +140,8 @@ class Pipeline:
                     entry, state = self._cache.answer(subject, bound, args.page, size, lambda: call.page(
                         pool, subject, bound, size, args.page, timeout_ms), not args.cache)
                     rows, status = send_cached(resp, args, size, plan, entry, state, if_none_match)
+                    if target is not None and state != "bypass" and self._from_memory is not None:
+                        self._from_memory.learn(target, catalog, key, entry.digest)
                 else:
                     result = call.page(pool, subject, bound, size, args.page, timeout_ms)
                     rows = send_page(resp, args, size, plan, result, write)
