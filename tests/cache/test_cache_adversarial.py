@@ -1,0 +1,72 @@
+"""The response cache attacked over HTTP (real PostgreSQL and Redis): a key must never get from
+the cache what it could not get uncached, and the cache's HTTP answers must say so to every
+cache between the gateway and the caller."""
+from __future__ import annotations
+
+import pytest
+
+from helpers.history import wait_for_history
+from helpers.util import unique
+
+READ = "SELECT id, secret, n FROM {t} WHERE n >= :min ORDER BY id"
+PARAMS = {"min": {"type": "int", "default": 0}}
+SECRETS = (b"alpha@x", b"beta@x", b"gamma@x")
+
+
+@pytest.fixture
+def table(superuser):
+    """A fresh table in the demo database: (id, secret, n), three rows."""
+    name = unique("cache_adv").replace("-", "_")
+    superuser(f"CREATE TABLE {name} (id int PRIMARY KEY, secret text, n int)", db="demo")
+    superuser(f"INSERT INTO {name} VALUES (1, 'alpha@x', 1), (2, 'beta@x', 2), (3, 'gamma@x', 3)", db="demo")
+    yield name
+    superuser(f"DROP TABLE IF EXISTS {name}", db="demo")
+
+
+# --- cache_ttl validation -----------------------------------------------------------------
+@pytest.mark.parametrize("version", ["\u00b2", "\u0661", "1\u00b9", "\uff11"])
+def test_a_version_path_of_non_ascii_digits_is_a_404_not_a_500(api, endpoint, table, version):
+    ep = endpoint(READ.format(t=table), PARAMS)
+    reply = api.manage("PATCH", f"/queries/{ep.query}/versions/{version}", {"cache_ttl": 30})
+    assert reply.status == 404 and reply.json["code"] == "version_not_found", reply
+
+
+def test_a_data_modifying_cte_takes_no_cache_ttl(api, demo_connection, table):
+    sql = f"WITH d AS (DELETE FROM {table} WHERE id = 1 RETURNING *) SELECT * FROM d"
+    reply = api.manage("POST", "/queries", {"name": unique("q"), "connection_name": demo_connection,
+                                            "sql": sql, "cache_ttl": 30})
+    assert reply.status == 400, reply
+
+
+# --- hits pay like misses -----------------------------------------------------------------
+def test_hits_are_rate_limited_and_recorded_like_misses(api, endpoint, table, superuser):
+    ep = endpoint(READ.format(t=table), PARAMS, cache_ttl=60)
+    name, secret = api.named_key([ep.query], [ep.connection], rate_limit="3/minute", rate_limit_burst=3)
+    replies = [api.call(ep.query, secret) for _ in range(4)]
+    assert [r.status for r in replies] == [200, 200, 200, 429], replies
+    assert [r.headers.get("X-Cache") for r in replies[:3]] == ["miss", "hit", "hit"]
+    ids = [r.headers["X-Request-Id"] for r in replies]
+    found = wait_for_history(superuser, ids)
+    assert [found[i][2:5] for i in ids] == [(200, None, 3)] * 3 + [(429, "rate_limited", None)], found
+
+
+# --- listing --------------------------------------------------------------------------------
+def test_the_listing_is_the_admins_and_shows_no_values(api, endpoint, table):
+    ep = endpoint(READ.format(t=table), PARAMS, cache_ttl=60)
+    assert api.call(ep.query, ep.secret, {"min": "2"}).status == 200
+    for headers in ({}, {"X-API-Key": ep.secret}):
+        for path in ("/api/v1/cache/entries", f"/api/v1/cache/entries?query={ep.query}"):
+            for method in ("GET", "DELETE"):
+                reply = api.request(method, path, headers=headers)
+                assert reply.status in (401, 403) and not any(s in reply.content for s in SECRETS), reply
+    listing = api.ok("GET", f"/cache/entries?query={ep.query}")
+    assert listing.json["count"] == 1 and not any(s in listing.content for s in SECRETS)
+    item = listing.json["items"][0]
+    assert {"key", "meta", "content_type", "size_bytes", "ttl_remaining_s"} <= set(item)
+    entry = api.request("GET", f"/api/v1/cache/entries/{item['key']}", headers={"X-API-Key": ep.secret})
+    assert entry.status == 403 and b"beta@x" not in entry.content, entry
+    # non-ASCII digits ("²" passes str.isdigit() and fails int()) are bad input, not a 500
+    for bad in ({"limit": "0"}, {"limit": "x"}, {"limit": "\u00b2"}, {"limit": "\u0661"}, {"query": "a b"},
+                {"other": "1"}):
+        reply = api.manage("GET", "/cache/entries", params=bad)
+        assert reply.status == 400 and reply.json["code"] == "invalid_filter", (bad, reply)
