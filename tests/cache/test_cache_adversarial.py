@@ -23,6 +23,31 @@ def table(superuser):
     superuser(f"DROP TABLE IF EXISTS {name}", db="demo")
 
 
+def vary(reply) -> set[str]:
+    return {v.strip().lower() for v in reply.headers.get("Vary", "").split(",") if v.strip()}
+
+
+# --- HTTP semantics -----------------------------------------------------------------------
+def test_cached_answers_vary_by_the_api_key(api, endpoint, table):
+    """``Cache-Control: private, max-age=N`` lets the caller's own cache (a browser's, a client
+    library's) keep the answer for N seconds. Without ``Vary: X-API-Key`` that cache hands the
+    unmasked answer of one key to the next request sent with another key for the same URL,
+    without asking the gateway: the masked key gets the values it could never get."""
+    ep = endpoint(READ.format(t=table), PARAMS, cache_ttl=60)
+    masked = api.key([ep.query], [ep.connection], mask=[{"column": f"{table}.secret", "action": "null"}])
+    for state in ("miss", "hit", "bypass"):
+        params = {"cache": "false"} if state == "bypass" else {}
+        plain = api.call(ep.query, ep.secret, params)
+        assert plain.headers["X-Cache"] == state and plain.headers["Cache-Control"].startswith("private, max-age=")
+        assert "x-api-key" in vary(plain), (state, dict(plain.headers))
+    other = api.call(ep.query, masked)
+    assert other.status == 200 and not any(s in other.content for s in SECRETS)
+    assert "x-api-key" in vary(other)
+    # A 304 carries the same Vary as the 200 it stands for (RFC 9110 15.4.5).
+    not_modified = api.call(ep.query, masked, headers={"If-None-Match": other.headers["ETag"]})
+    assert not_modified.status == 304 and "x-api-key" in vary(not_modified)
+
+
 # --- cache_ttl validation -----------------------------------------------------------------
 @pytest.mark.parametrize("version", ["\u00b2", "\u0661", "1\u00b9", "\uff11"])
 def test_a_version_path_of_non_ascii_digits_is_a_404_not_a_500(api, endpoint, table, version):
