@@ -133,7 +133,7 @@ class Pipeline:
                 # 4 cache (a saved read with a cache_ttl only): one attribute test for a version without
                 if subject.cache_ttl and not write and self._cache is not None:
                     entry, state = self._cache.answer(subject, bound, args.page, size, lambda: call.page(
-                        pool, subject, bound, size, args.page, timeout_ms), not args.cache)
+                        pool, subject, bound, size, args.page, timeout_ms), not args.cache, args.store)
                     rows, status = send_cached(resp, args, size, plan, entry, state, if_none_match)
                 else:
                     result = call.page(pool, subject, bound, size, args.page, timeout_ms)

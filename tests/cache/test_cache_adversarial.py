@@ -48,6 +48,22 @@ def test_cached_answers_vary_by_the_api_key(api, endpoint, table):
     assert not_modified.status == 304 and "x-api-key" in vary(not_modified)
 
 
+def test_no_store_is_a_bypass_that_stores_nothing(api, endpoint, table, superuser):
+    """``Cache-Control: no-store`` (RFC 9111 5.2.1.5): the cache must not store the answer. A
+    ``no-cache`` call (or ``cache=false``) asks the database and may refresh the entry."""
+    ep = endpoint(READ.format(t=table), PARAMS, cache_ttl=60)
+    first = api.call(ep.query, ep.secret, headers={"Cache-Control": "no-store"})
+    assert first.status == 200 and first.headers["X-Cache"] == "bypass"
+    superuser(f"UPDATE {table} SET secret = 'changed' WHERE id = 1", db="demo")
+    after = api.call(ep.query, ep.secret)
+    assert after.headers["X-Cache"] == "miss" and after.json[0]["secret"] == "changed", after.headers
+    # and a no-store call does not replace what is held either
+    superuser(f"UPDATE {table} SET secret = 'again' WHERE id = 1", db="demo")
+    assert api.call(ep.query, ep.secret, headers={"Cache-Control": "no-store"}).json[0]["secret"] == "again"
+    held = api.call(ep.query, ep.secret)
+    assert held.headers["X-Cache"] == "hit" and held.json[0]["secret"] == "changed"
+
+
 # --- cache_ttl validation -----------------------------------------------------------------
 @pytest.mark.parametrize("version", ["\u00b2", "\u0661", "1\u00b9", "\uff11"])
 def test_a_version_path_of_non_ascii_digits_is_a_404_not_a_500(api, endpoint, table, version):
