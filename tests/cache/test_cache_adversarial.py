@@ -111,3 +111,40 @@ def test_the_listing_is_the_admins_and_shows_no_values(api, endpoint, table):
                 {"other": "1"}):
         reply = api.manage("GET", "/cache/entries", params=bad)
         assert reply.status == 400 and reply.json["code"] == "invalid_filter", (bad, reply)
+
+
+# --- masks and a schema that moved under a cached answer ----------------------------------
+@pytest.fixture
+def outer_inner(superuser):
+    """``o`` (id, secret) and ``i`` (id) in the demo database: a query's unqualified ``secret``
+    inside a subquery on ``i`` reads ``o.secret`` until ``i`` gets a column of that name."""
+    o, i = unique("adv_o").replace("-", "_"), unique("adv_i").replace("-", "_")
+    superuser(f"CREATE TABLE {o} (id int PRIMARY KEY, secret text)", db="demo")
+    superuser(f"CREATE TABLE {i} (id int PRIMARY KEY)", db="demo")
+    superuser(f"INSERT INTO {o} VALUES (1, 'alpha@x'), (2, 'beta@x')", db="demo")
+    superuser(f"INSERT INTO {i} VALUES (1), (2)", db="demo")
+    yield o, i
+    superuser(f"DROP TABLE IF EXISTS {o}, {i}", db="demo")
+
+
+def test_a_cached_answer_is_never_masked_by_a_plan_of_another_schema(api, endpoint, outer_inner, superuser):
+    """The entry holds rows read under the schema of its fill; the plan is made under the schema
+    the worker read last. A column added since moves a name to another table: the new plan
+    leaves ``x`` unmasked (it is ``i.secret`` now), and the cached rows still hold ``o.secret``
+    in it. Uncached, the key gets ``i.secret``; from the cache it must not get ``o.secret``."""
+    o, i = outer_inner
+    sql = f"SELECT {o}.id, (SELECT secret FROM {i} WHERE {i}.id = {o}.id) AS x FROM {o} ORDER BY {o}.id"
+    ep = endpoint(sql, cache_ttl=60)
+    masked = api.key([ep.query], [ep.connection], mask=[{"column": f"{o}.secret", "action": "null"}])
+    first = api.call(ep.query, masked)
+    assert first.status == 200 and [r["x"] for r in first.json] == [None, None], first
+    assert first.headers["X-Cache"] == "miss"
+    superuser(f"ALTER TABLE {i} ADD COLUMN secret text DEFAULT 'public'", db="demo")
+    # Saving a query on the connection reads its schema again in this worker (as its
+    # background refresh would within GATEWAY_SCHEMA_TTL).
+    api.query("SELECT 1 AS one", connection=ep.connection)
+    for _ in range(2):
+        got = api.call(ep.query, masked)
+        assert got.status == 200 and not any(s in got.content for s in SECRETS), (got.headers, got.content)
+    uncached = api.call(ep.query, masked, headers={"Cache-Control": "no-store"})
+    assert [r["x"] for r in uncached.json] == ["public", "public"], uncached
