@@ -148,3 +148,33 @@ def test_a_cached_answer_is_never_masked_by_a_plan_of_another_schema(api, endpoi
         assert got.status == 200 and not any(s in got.content for s in SECRETS), (got.headers, got.content)
     uncached = api.call(ep.query, masked, headers={"Cache-Control": "no-store"})
     assert [r["x"] for r in uncached.json] == ["public", "public"], uncached
+
+
+@pytest.fixture
+def partitioned(superuser):
+    """``p`` partitioned by id into ``p_1`` (id 1: a secret) and ``p_2`` (id 11: public)."""
+    p = unique("adv_p").replace("-", "_")
+    superuser(f"CREATE TABLE {p} (id int, secret text) PARTITION BY RANGE (id)", db="demo")
+    superuser(f"CREATE TABLE {p}_1 PARTITION OF {p} FOR VALUES FROM (0) TO (10)", db="demo")
+    superuser(f"CREATE TABLE {p}_2 PARTITION OF {p} FOR VALUES FROM (10) TO (20)", db="demo")
+    superuser(f"INSERT INTO {p} VALUES (1, 'alpha@x'), (11, 'public')", db="demo")
+    yield p
+    superuser(f"DROP TABLE IF EXISTS {p}, {p}_1, {p}_2", db="demo")
+
+
+def test_a_detached_partition_rows_never_come_back_unmasked_from_the_cache(api, endpoint, partitioned,
+                                                                             superuser):
+    """A rule on a partition's column masks the parent's column while the partition is
+    attached (its rows are the parent's). Detached, its rows leave the parent and the rule no
+    longer applies there: the cached rows, read while it was attached, must not go out under
+    the new plan."""
+    p = partitioned
+    ep = endpoint(f"SELECT id, secret FROM {p} ORDER BY id", cache_ttl=60)
+    masked = api.key([ep.query], [ep.connection], mask=[{"column": f"{p}_1.secret", "action": "null"}])
+    first = api.call(ep.query, masked)
+    assert first.status == 200 and first.json == [{"id": 1, "secret": None}, {"id": 11, "secret": None}], first
+    superuser(f"ALTER TABLE {p} DETACH PARTITION {p}_1", db="demo")
+    api.query("SELECT 1 AS one", connection=ep.connection)   # this worker reads the schema again
+    got = api.call(ep.query, masked)
+    assert got.status == 200 and b"alpha@x" not in got.content, (got.headers, got.content)
+    assert got.json == [{"id": 11, "secret": "public"}], got
