@@ -178,3 +178,29 @@ def test_a_detached_partition_rows_never_come_back_unmasked_from_the_cache(api, 
     got = api.call(ep.query, masked)
     assert got.status == 200 and b"alpha@x" not in got.content, (got.headers, got.content)
     assert got.json == [{"id": 11, "secret": "public"}], got
+
+
+# --- what keys an entry --------------------------------------------------------------------
+def test_equal_values_share_an_entry_and_bad_ones_never_reach_it(api, endpoint, table):
+    """``min=2``, ``min=02`` and ``min=+2`` are one value (one entry); a value the binder
+    refuses, a repeated or unknown argument, is a typed 400 whatever the cache holds."""
+    ep = endpoint(READ.format(t=table), PARAMS, cache_ttl=60)
+    states = [api.call(ep.query, ep.secret, {"min": v}).headers["X-Cache"] for v in ("2", "02", "+2")]
+    assert states == ["miss", "hit", "hit"]
+    assert api.call(ep.query, ep.secret, {"page": "01", "page_size": "010", "format": "JSON", "min": "2"}) \
+        .headers["X-Cache"] == "hit"
+    for query_string, code in (("min=2.0", "param_invalid"), ("min=2&min=2", "param_invalid"),
+                               ("min=2&other=1", "param_invalid"), ("min=2&cache=false&cache=false", "invalid_cache"),
+                               ("min=2&page=0", "invalid_paging"), ("min=2&format=exe", "invalid_format")):
+        reply = api.call(ep.query, ep.secret, query_string=query_string)
+        assert reply.status == 400 and reply.json["code"] == code, (query_string, reply)
+
+
+def test_a_narrowed_table_allow_list_refuses_a_cached_answer_at_once(api, endpoint, table):
+    ep = endpoint(READ.format(t=table), PARAMS, cache_ttl=60)
+    assert api.call(ep.query, ep.secret).headers["X-Cache"] == "miss"
+    api.ok("PATCH", f"/api-keys/{ep.key}", {"allowed_tables": ["public.nothing_here"]})
+    refused = api.call(ep.query, ep.secret)
+    assert refused.status == 403 and not any(s in refused.content for s in SECRETS), refused
+    etag_call = api.call(ep.query, ep.secret, headers={"If-None-Match": "*"})
+    assert etag_call.status == 403, etag_call     # not a 304: the refusal comes before the cache
