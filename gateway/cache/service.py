@@ -92,11 +92,11 @@ class ResponseCache:
 
     # --- the data plane ----------------------------------------------------------------------
     def answer(self, qv: QueryVersion, bound: Sequence, page: int, size: int, compute: Callable[[], Result],
-               bypass: bool, store: bool = True, schema: str | None = None) -> tuple[Entry, str]:
+               bypass: bool, store: bool = True, reading: str | None = None) -> tuple[Entry, str]:
         """The entry for this call and how it was found: ``hit``, ``miss`` or ``bypass``.
         ``store`` False (``Cache-Control: no-store``, always a bypass): the answer is not kept.
-        ``schema``: the fingerprint of the schema this call's plan was made under (see ``keys``)."""
-        digest = keys.digest(qv, bound, page, size, schema)
+        ``reading``: what the version's columns are under the schema of this call's plan (see ``keys``)."""
+        digest = keys.digest(qv, bound, page, size, reading)
         fresh = self._sync.fresh() or self._confirmed()
         if bypass:
             self.bypasses += 1

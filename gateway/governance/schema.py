@@ -13,11 +13,8 @@ view no rule names (and ``allowed_tables`` must list the view itself).
 """
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING
-
-import orjson
 
 if TYPE_CHECKING:
     import psycopg2.extensions
@@ -36,7 +33,7 @@ class Kin:
     inner table can take an unqualified name from an outer one). Compared by value: the
     schema's relations, columns, views, trees, functions and operators."""
 
-    __slots__ = ("trees", "views", "schema", "analyses", "read_at", "_key", "_fingerprint")
+    __slots__ = ("trees", "views", "schema", "analyses", "readings", "read_at", "_key")
 
     def __init__(self, trees: Trees, views: frozenset[tuple[str, str]] = frozenset(),
                  schema: Schema | None = None) -> None:
@@ -44,26 +41,14 @@ class Kin:
         self.views = views
         self.schema = schema
         self.analyses: dict[str, object] = {}   # filled by gateway.pipeline.plans
+        self.readings: dict[str, str] = {}      # by plan id: what a cached answer is keyed by (plans.reading)
         self.read_at = 0.0   # wall clock when the latest read that found this schema began (SchemaCache)
         self._key = None if schema is None else (
             schema.relations, schema.parents, schema.functions, schema.search_path, schema.operators,
             schema.extension_relations)
-        self._fingerprint: str | None = None
 
     def get(self, table: tuple[str, str], default: tuple = ()) -> tuple[tuple[str, str], ...]:
         return self.trees.get(table, default)
-
-    def fingerprint(self) -> str | None:
-        """A digest of the schema's value, the same in every worker that read the same schema
-        (None without one), made once per object: what a cached answer was read under
-        (``gateway.cache.keys``). Rows read under one schema and masked by a plan made under
-        another can carry a column the plan takes for another one."""
-        if self._fingerprint is None and self.schema is not None:
-            doc = self.schema.to_doc()
-            doc["parents"] = {child: sorted(parents) for child, parents in doc["parents"].items()}
-            self._fingerprint = hashlib.blake2b(orjson.dumps(doc, option=orjson.OPT_SORT_KEYS),
-                                                digest_size=16).hexdigest()
-        return self._fingerprint
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, Kin) and self.trees == other.trees and self.views == other.views \

@@ -63,9 +63,6 @@ class SchemaCache:
             kept = self._kin[identity]
             kept.read_at = max(kept.read_at, began_wall)
             self._kin_until[identity] = (began + self._ttl_s, kept)
-        # Made here (once per changed schema: an unchanged one keeps its object), behind the
-        # calls, rather than by the first call that keys a cached answer with it.
-        kept.fingerprint()
         return schema
 
     def _read_pooled(self, connection: Connection) -> Schema | None:

@@ -150,6 +150,22 @@ def test_a_cached_answer_is_never_masked_by_a_plan_of_another_schema(api, endpoi
     assert [r["x"] for r in uncached.json] == ["public", "public"], uncached
 
 
+def test_a_schema_change_elsewhere_keeps_the_cached_answers(api, endpoint, outer_inner, superuser):
+    """What keys an entry is what the version's columns are under the schema, not the whole
+    schema: a table made or dropped elsewhere in the database drops no cached answer."""
+    o, i = outer_inner
+    ep = endpoint(f"SELECT {o}.id, (SELECT secret FROM {i} WHERE {i}.id = {o}.id) AS x FROM {o} ORDER BY {o}.id",
+                  cache_ttl=60)
+    assert api.call(ep.query, ep.secret).headers["X-Cache"] == "miss"
+    elsewhere = unique("adv_elsewhere").replace("-", "_")
+    superuser(f"CREATE TABLE {elsewhere} (id int, secret text)", db="demo")
+    try:
+        api.query("SELECT 1 AS one", connection=ep.connection)   # this worker reads the schema again
+        assert api.call(ep.query, ep.secret).headers["X-Cache"] == "hit"
+    finally:
+        superuser(f"DROP TABLE {elsewhere}", db="demo")
+
+
 @pytest.fixture
 def partitioned(superuser):
     """``p`` partitioned by id into ``p_1`` (id 1: a secret) and ``p_2`` (id 11: public)."""
