@@ -4,7 +4,10 @@ The digest covers the query version as the catalog serves it (its store id and n
 so a new version, a re-created query or a version moved to another connection is another
 entry), the connection's identity (a change of host, database or login is another entry),
 the resolved parameter values (typed, defaults applied), the page and the page size the
-call ran with (the key's ``max_rows`` lowers it). The format is not in it: an entry holds
+call ran with (the key's ``max_rows`` lowers it), and what the version's columns are under
+the schema the worker last read of the connection (``gateway.pipeline.plans.reading``): each
+call masks the rows with a plan made under that schema, and a plan of another schema may see
+another table behind a column of the same name. The format is not in it: an entry holds
 rows, and each call renders them in its own format (and masks them with its own plan).
 """
 from __future__ import annotations
@@ -25,8 +28,8 @@ _prefixes: dict[QueryVersion, tuple[tuple, Any]] = {}
 _HELD = 4096
 
 
-def digest(qv: QueryVersion, bound: Sequence, page: int, size: int) -> str:
-    """The blake2b-128 of ``repr((statement, connection identity, bound, page, size))``, in hex."""
+def digest(qv: QueryVersion, bound: Sequence, page: int, size: int, reading: str | None = None) -> str:
+    """The blake2b-128 of ``repr((statement, connection identity, bound, page, size, reading))``, in hex."""
     identity = qv.connection.identity
     held = _prefixes.get(qv)
     if held is None or held[0] is not identity:
@@ -35,7 +38,7 @@ def digest(qv: QueryVersion, bound: Sequence, page: int, size: int) -> str:
         prefix = hashlib.blake2b(f"({qv.statement!r}, {identity!r}, ".encode(), digest_size=16)
         held = _prefixes[qv] = (identity, prefix)
     hasher = held[1].copy()
-    hasher.update(f"{bound!r}, {page!r}, {size!r})".encode())
+    hasher.update(f"{bound!r}, {page!r}, {size!r}, {reading!r})".encode())
     return hasher.hexdigest()
 
 

@@ -94,13 +94,18 @@ class ResponseCache:
 
     # --- the data plane ----------------------------------------------------------------------
     def answer(self, qv: QueryVersion, bound: Sequence, page: int, size: int, compute: Callable[[], Result],
-               bypass: bool) -> tuple[Entry, str]:
-        """The entry for this call and how it was found: ``hit``, ``miss`` or ``bypass``."""
-        digest = keys.digest(qv, bound, page, size)
+               bypass: bool, store: bool = True, reading: str | None = None) -> tuple[Entry, str]:
+        """The entry for this call and how it was found: ``hit``, ``miss`` or ``bypass``.
+        ``store`` False (``Cache-Control: no-store``, always a bypass): the answer is not kept.
+        ``reading``: what the version's columns are under the schema of this call's plan (see ``keys``)."""
+        digest = keys.digest(qv, bound, page, size, reading)
         fresh = self._sync.fresh() or self._confirmed()
         if bypass:
             self.bypasses += 1
-            return self._fill(digest, qv, compute, fresh, shared=False, page=page, size=size)[0], "bypass"
+            # A bypass fills memory only (the shared tier is neither asked nor filled); a
+            # no-store one keeps nothing, as a worker whose memory is not fresh would.
+            return self._fill(digest, qv, compute, fresh and store, shared=False, page=page,
+                              size=size)[0], "bypass"
         if fresh:
             entry = self.memory.get(digest)
             if entry is not None:

@@ -43,7 +43,7 @@ class Connections:
                 errors[field] = "is required"
         if "port" in body:
             port = body["port"]
-            if isinstance(port, str) and port.isdigit():
+            if isinstance(port, str) and port.isascii() and port.isdigit():   # not "²": int() refuses it
                 port = int(port)
             if isinstance(port, bool) or not isinstance(port, int) or not 0 < port < 65536:
                 errors["port"] = "must be an integer from 1 to 65535"

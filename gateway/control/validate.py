@@ -72,7 +72,7 @@ def filters(args: Mapping[str, Any], allowed: dict[str, str]) -> tuple[str, list
                     value = datetime.fromisoformat(value)
                 except ValueError:
                     raise bad_request("invalid_filter", f"{name} must be an ISO 8601 datetime") from None
-            if name == "status" and not value.isdigit():
+            if name == "status" and not (value.isascii() and value.isdigit()):   # not "²": int() refuses it
                 raise bad_request("invalid_filter", "status must be an HTTP status code")
             clauses.append(clause)
             values.append(value)
@@ -81,6 +81,7 @@ def filters(args: Mapping[str, Any], allowed: dict[str, str]) -> tuple[str, list
 
 def limit(args: Mapping[str, Any]) -> int:
     raw = args.get("limit", "100")
-    if not isinstance(raw, str) or not raw.isdigit() or not 1 <= int(raw) <= 10_000:
+    # ASCII digits only: str.isdigit() also takes "²", which int() refuses.
+    if not isinstance(raw, str) or not (raw.isascii() and raw.isdigit()) or not 1 <= int(raw) <= 10_000:
         raise bad_request("invalid_filter", "limit must be an integer from 1 to 10000")
     return int(raw)

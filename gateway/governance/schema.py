@@ -33,7 +33,7 @@ class Kin:
     inner table can take an unqualified name from an outer one). Compared by value: the
     schema's relations, columns, views, trees, functions and operators."""
 
-    __slots__ = ("trees", "views", "schema", "analyses", "read_at", "_key")
+    __slots__ = ("trees", "views", "schema", "analyses", "readings", "read_at", "_key")
 
     def __init__(self, trees: Trees, views: frozenset[tuple[str, str]] = frozenset(),
                  schema: Schema | None = None) -> None:
@@ -41,6 +41,7 @@ class Kin:
         self.views = views
         self.schema = schema
         self.analyses: dict[str, object] = {}   # filled by gateway.pipeline.plans
+        self.readings: dict[str, str] = {}      # by plan id: what a cached answer is keyed by (plans.reading)
         self.read_at = 0.0   # wall clock when the latest read that found this schema began (SchemaCache)
         self._key = None if schema is None else (
             schema.relations, schema.parents, schema.functions, schema.search_path, schema.operators,

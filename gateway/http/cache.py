@@ -43,7 +43,8 @@ def _query(req: falcon.Request) -> str | None:
 
 def _limit(req: falcon.Request) -> int:
     raw = req.params.get("limit", "1000")
-    if not isinstance(raw, str) or not raw.isdigit() or not 1 <= int(raw) <= 10_000:
+    # ASCII digits only: str.isdigit() also takes "²", which int() refuses.
+    if not isinstance(raw, str) or not (raw.isascii() and raw.isdigit()) or not 1 <= int(raw) <= 10_000:
         raise bad_request("invalid_filter", "limit must be an integer from 1 to 10000")
     return int(raw)
 

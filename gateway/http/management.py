@@ -104,7 +104,8 @@ class QueryVersionsResource(_Admin):
 @_guarded
 class QueryVersionResource(_Admin):
     def on_patch(self, req: falcon.Request, resp: falcon.Response, name: str, version: str) -> None:
-        if not version.isdigit() or len(version) > 9:
+        # ASCII digits only: str.isdigit() also takes "²" (which int() refuses) and "١" (which it reads as 1).
+        if not (version.isascii() and version.isdigit()) or len(version) > 9:
             raise not_found("version_not_found", f"query '{name}' has no version {version}")
         _send(resp, self.m.queries.set_cache_ttl(name, int(version), self.body(req)))
 

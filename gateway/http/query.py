@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 from ..errors import bad_request
 from ..pipeline import RESERVED, CallArgs, SavedCall, split_reserved
-from ..pipeline.args import reserved_args
+from ..pipeline.args import NO_STORE, reserved_args
 from ..pipeline.from_memory import FromMemory
 from .common import client_ip, read_json, request_id
 
@@ -67,7 +67,11 @@ class QueryResource:
 
 
 def _no_cache(control: str, reserved: dict) -> dict:
-    """``Cache-Control: no-cache`` (or ``no-store``) asks what ``cache=false`` asks."""
-    if control and "cache" not in reserved and ("no-cache" in control.lower() or "no-store" in control.lower()):
+    """``Cache-Control: no-cache`` asks what ``cache=false`` asks; ``no-store`` that too, and that
+    the cache keeps nothing of the answer."""
+    lowered = control.lower()
+    if "no-store" in lowered:
+        reserved = dict(reserved, **{NO_STORE: True})
+    if "cache" not in reserved and ("no-cache" in lowered or "no-store" in lowered):
         reserved = dict(reserved, cache="false")
     return reserved

@@ -14,6 +14,9 @@ if TYPE_CHECKING:
 
 # ``connection_name`` is QueryAPIGate's: on /q/<name> it may only name the query's own connection.
 RESERVED = frozenset(("format", "page", "page_size", "version", "timeout", "stream", "cache", "connection_name"))
+# Put among a call's reserved arguments by ``Cache-Control: no-store`` only: not in RESERVED, so no
+# caller's argument of that name reaches it.
+NO_STORE = "no-store"
 
 
 def positive_int(value: object, code: str, field: str) -> int:
@@ -47,7 +50,7 @@ def reserved_args(query: Mapping[str, Any], body: Mapping[str, Any], names: froz
 class CallArgs:
     """The reserved arguments of one call, parsed and checked."""
 
-    __slots__ = ("fmt", "page", "page_size", "version", "timeout_ms", "stream", "cache")
+    __slots__ = ("fmt", "page", "page_size", "version", "timeout_ms", "stream", "cache", "store")
 
     def __init__(self, raw: dict, settings: Settings) -> None:
         fmt = raw.get("format") or "json"
@@ -68,6 +71,11 @@ class CallArgs:
         self.timeout_ms = self._timeout(raw.get("timeout"), settings.statement_timeout_ms)
         self.stream = self._stream(raw.get("stream"), fmt)
         self.cache = self._cache(raw.get("cache"))
+        # ``Cache-Control: no-store`` (RFC 9111, 5.2.1.5): answered from the database, and the cache
+        # keeps nothing of it (a ``cache=false`` or ``no-cache`` answer refreshes the entry).
+        self.store = NO_STORE not in raw
+        if not self.store:
+            self.cache = False
 
     @staticmethod
     def _cache(raw: object) -> bool:

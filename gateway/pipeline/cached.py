@@ -3,7 +3,8 @@
 The entry holds the unmasked rows; they go through ``send_page`` with this call's key's plan
 (masks, ``max_rows``) like rows from the database. Then: ``ETag`` (a digest of the body this
 key gets, so two keys with different masks never share one), ``If-None-Match`` answered 304
-without a body, ``Cache-Control: private, max-age=<seconds left>``, ``Age``, ``X-Cache``.
+without a body, ``Cache-Control: private, max-age=<seconds left>``, ``Vary: X-API-Key``, ``Age``,
+``X-Cache``.
 
 What ``send_page`` makes of the rows (the body, its type, the paging headers, the ETag) depends
 only on the entry (its page and page size are in its digest), the format and the plan, so it is
@@ -76,8 +77,11 @@ def send_cached(resp: falcon.Response, args: CallArgs, size: int, plan: CallPlan
     """(rows sent, status)."""
     view = view_of(entry, args, size, plan)
     now = time.time() if now is None else now
+    # ``max-age`` lets the caller's own cache (a browser's, a client library's) keep the answer;
+    # ``Vary`` makes that cache key it by the API key too, so it never hands one key's answer to
+    # a request sent with another key for the same URL (on a 304 too: RFC 9110, 15.4.5).
     resp.set_headers((*view.headers, ("Cache-Control", f"private, max-age={max(0, int(entry.expires - now))}"),
-                      ("Age", str(max(0, int(now - entry.created)))), ("X-Cache", state)))
+                      ("Vary", "X-API-Key"), ("Age", str(max(0, int(now - entry.created)))), ("X-Cache", state)))
     if if_none_match and _matches(if_none_match, view.etag):
         resp.status = 304
         resp.content_type = None   # a 304 carries no content (nor its type)

@@ -30,7 +30,7 @@ from ..model.catalog import ApiKey
 from .args import CallArgs, lower_timeout
 from .cached import purge_summary, send_cached
 from .identify import AdminIdentity, identify
-from .plans import plan_for
+from .plans import plan_for, reading
 from .shape import send_page, send_stream
 
 log = logging.getLogger("gateway")
@@ -137,8 +137,11 @@ class Pipeline:
                 size = args.page_size if plan.max_rows is None else min(args.page_size, plan.max_rows)
                 # 4 cache (a saved read with a cache_ttl only): one attribute test for a version without
                 if subject.cache_ttl and not write and self._cache is not None:
+                    # Keyed by what the columns are under the schema the plan was made under too:
+                    # the cached rows and this call's masks agree on every column.
                     entry, state = self._cache.answer(subject, bound, args.page, size, lambda: call.page(
-                        pool, subject, bound, size, args.page, timeout_ms), not args.cache)
+                        pool, subject, bound, size, args.page, timeout_ms), not args.cache, args.store,
+                        reading(subject, settings, kin))
                     rows, status = send_cached(resp, args, size, plan, entry, state, if_none_match)
                     if target is not None and state != "bypass" and self._from_memory is not None:
                         self._from_memory.learn(target, catalog, key, entry.digest)

@@ -5,11 +5,15 @@ snapshot keeps unless the change was to that key (a saved version never changes)
 and plans never disagree."""
 from __future__ import annotations
 
+import hashlib
 from typing import TYPE_CHECKING
+
+import orjson
 
 from .. import governance
 from ..errors import GatewayError, bad_request
 from ..governance.policy import analyze_under, refused_now
+from ..governance.schema import split_qname
 
 if TYPE_CHECKING:
     from ..governance.schema import Kin
@@ -31,17 +35,7 @@ def plan_for(catalog: Catalog, key: ApiKey, subject: QueryVersion | AdHocStateme
     got: governance.CallPlan | tuple | None = held[1] if held is not None and held[0] is kin else None
     if got is None:
         try:
-            analysis = subject.analysis
-            if analysis is None:
-                raise bad_request("analysis_failed", "this version was saved by an older release or without an "
-                                  "analysis; save it again")
-            positional = getattr(subject, "positional", None)   # a saved version (ad hoc: analysed on this copy)
-            # Analysed again only on a copy read after the version was saved: an older copy (this
-            # worker's, while another saved the version against a table made a moment before)
-            # knows less than the stored analysis did.
-            if kin is not None and kin.schema is not None and positional \
-                    and kin.read_at >= getattr(subject, "saved_at", 0.0):
-                analysis = _analysis_now(subject.plan_id, positional, kin, settings)
+            analysis = _analysis(subject, settings, kin)
             # Saved under another gateway's settings, perhaps: planned under this one's.
             refused_now(analysis, settings)
             grants = key.governance
@@ -55,6 +49,44 @@ def plan_for(catalog: Catalog, key: ApiKey, subject: QueryVersion | AdHocStateme
     if type(got) is tuple:  # a fresh exception each time: one raised twice would grow its traceback
         raise GatewayError(got[0], got[1], got[2], extra=got[3], headers=got[4])
     return got  # type: ignore[return-value]  # not a tuple: a plan
+
+
+def reading(subject: QueryVersion, settings: Settings, kin: Kin | None) -> str | None:
+    """What a saved version's result is under the schema ``kin`` (None without one): a digest
+    of the analysis its plans are made from (each output column's sources) and of the trees and
+    views of the tables it reads, kept on ``kin`` per version and the same on every worker that
+    read that schema. A cached answer is keyed by it (``gateway.cache.keys``): its rows were
+    read under one reading, and a plan made under another takes some column for another one (a
+    column added to an inner table took an unqualified name from an outer one; a partition was
+    detached). A change elsewhere in the schema leaves it as it was. Called once ``plan_for``
+    has planned the version under ``kin``."""
+    if kin is None:
+        return None
+    got = kin.readings.get(subject.plan_id)
+    if got is None:
+        analysis = _analysis(subject, settings, kin)
+        tables = {table: kin.get(split_qname(table)) for table in analysis.tables}  # type: ignore[arg-type]
+        views = sorted(t for t in analysis.tables if split_qname(t) in kin.views)
+        doc = orjson.dumps([analysis.to_doc(), tables, views], option=orjson.OPT_SORT_KEYS)
+        got = kin.readings[subject.plan_id] = hashlib.blake2b(doc, digest_size=16).hexdigest()
+    return got
+
+
+def _analysis(subject: QueryVersion | AdHocStatement, settings: Settings, kin: Kin | None) -> governance.Analysis:
+    """The analysis a plan is made from: the stored one, or a saved version's statement
+    analysed again under ``kin``."""
+    analysis = subject.analysis
+    if analysis is None:
+        raise bad_request("analysis_failed", "this version was saved by an older release or without an "
+                          "analysis; save it again")
+    positional = getattr(subject, "positional", None)   # a saved version (ad hoc: analysed on this copy)
+    # Analysed again only on a copy read after the version was saved: an older copy (this
+    # worker's, while another saved the version against a table made a moment before)
+    # knows less than the stored analysis did.
+    if kin is not None and kin.schema is not None and positional \
+            and kin.read_at >= getattr(subject, "saved_at", 0.0):
+        analysis = _analysis_now(subject.plan_id, positional, kin, settings)
+    return analysis
 
 
 def _analysis_now(plan_id: str, positional: str, kin: Kin, settings: Settings) -> governance.Analysis:

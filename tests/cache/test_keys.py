@@ -18,9 +18,9 @@ class Version:   # what digest reads of a QueryVersion (hashable by identity, as
         self.connection = connection
 
 
-def whole(qv, bound, page, size):
+def whole(qv, bound, page, size, reading=None):
     """The digest as one hash of the whole tuple's repr (its definition)."""
-    return hashlib.blake2b(repr((qv.statement, qv.connection.identity, bound, page, size)).encode(),
+    return hashlib.blake2b(repr((qv.statement, qv.connection.identity, bound, page, size, reading)).encode(),
                            digest_size=16).hexdigest()
 
 
@@ -54,3 +54,10 @@ def test_the_prefixes_held_are_bounded():
     for qv in versions:
         assert keys.digest(qv, (), 1, 1) == whole(qv, (), 1, 1)
     assert len(keys._prefixes) <= keys._HELD
+
+
+def test_what_the_columns_are_under_the_plans_schema_is_in_the_digest():
+    qv = Version("gw_q1_v1", Connection((1, "h", 5432, "demo", "u", "p", ())))
+    digests = {keys.digest(qv, (1,), 1, 10, reading) for reading in (None, "a" * 32, "b" * 32)}
+    assert len(digests) == 3
+    assert keys.digest(qv, (1,), 1, 10, "a" * 32) == whole(qv, (1,), 1, 10, "a" * 32)

@@ -219,6 +219,13 @@ def test_history_filters(api, endpoint, superuser):
     ("/audit", {"since": "last week"}),
     ("/audit", {"limit": "1e3"}),
     ("/audit", [("kind", "key"), ("kind", "query")]),
+    # digits str.isdigit() takes and int() or PostgreSQL does not ("²"), or reads as 1 ("١")
+    ("/history", {"limit": "\u00b2"}),
+    ("/history", {"status": "\u00b2"}),
+    ("/history", {"status": "\u0662\u0660\u0660"}),
+    ("/audit", {"limit": "\u00b2"}),
+    ("/audit", {"limit": "\u0661"}),
+    ("/audit", {"cursor": "wrI="}),       # "²", base64: not a cursor this server returned
 ])
 def test_bad_filters_answer_invalid_filter(api, path, params):
     got = api.manage("GET", path, params=params if isinstance(params, dict) else None,

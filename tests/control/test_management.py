@@ -91,6 +91,7 @@ def test_a_password_sealed_under_another_secret_key_is_a_typed_conflict(api, ser
 
 @pytest.mark.parametrize("doc, field", [
     ({"db": "mysql"}, "db"), ({"port": "x"}, "port"), ({"port": 70000}, "port"), ({"port": True}, "port"),
+    ({"port": "\u00b2"}, "port"),   # str.isdigit() takes it, int() does not
     ({"host": ""}, "host"), ({"password": 5}, "password"), ({"active": "yes"}, "active"),
     ({"options": []}, "options"), ({"colour": "red"}, "colour"), ({"sslmode": True}, "options"),
 ])
