@@ -13,7 +13,11 @@ import hashlib
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from ..governance.schema import qname, split_qname
+
 if TYPE_CHECKING:
+    from ..governance import Analysis
+    from ..governance.schema import Kin
     from ..model.catalog import Connection, QueryVersion
 
 
@@ -53,3 +57,19 @@ def reads(qv: QueryVersion) -> tuple[frozenset[str], bool]:
     if analysis is None:
         return frozenset(), True
     return frozenset(analysis.tables), bool(analysis.views or analysis.user_functions)
+
+
+def written(analysis: Analysis, kin: Kin | None) -> frozenset[str] | None:
+    """The relations whose rows a write may change, named as a read of them is: each table it
+    touches and, through its connection's inheritance and partition trees as they are now
+    (``kin``), every ancestor (a partition's or a child's rows are its parent's: a read of the
+    parent sees them) and every descendant (a write through a parent reaches the partitions a
+    read may name directly). None when the trees are not known yet: any table may be."""
+    if kin is None:
+        return None
+    touched = set(analysis.tables)
+    for table in analysis.tables:
+        parts = split_qname(table)
+        if len(parts) == 2:
+            touched.update(qname(*other) for other in kin.get((parts[0], parts[1])))
+    return frozenset(touched)

@@ -30,6 +30,7 @@ from .ports import CacheSync, LocalCacheSync, NoSharedTier, SharedTier
 if TYPE_CHECKING:
     from ..execution.runner import Result
     from ..governance import Analysis
+    from ..governance.schema import Kin
     from ..model.catalog import Catalog, Connection, QueryVersion
     from ..settings import Settings
 
@@ -168,19 +169,22 @@ class ResponseCache:
             self.misses += 1
         return entry, "miss"
 
-    def written(self, catalog: Catalog, connection: Connection, analysis: Analysis | None) -> dict | None:
+    def written(self, catalog: Catalog, connection: Connection, analysis: Analysis | None,
+                kin: Kin | None = None) -> dict | None:
         """A write through the gateway committed: drop, on every worker and in the shared tier,
-        the entries of every query that read a table it touched, before it is answered. Nothing
-        is announced when no cached query reads its database."""
+        the entries of every query that read a table it touched (or a parent or a partition of
+        one: ``kin``, the connection's trees), before it is answered. Nothing is announced when
+        no cached query reads its database."""
         db = keys.database(connection)
         reading = self._reading(catalog).get(db)
         if reading is None:
             return None
         tables, any_wildcard = reading
-        if analysis is None or analysis.views or analysis.user_functions:
-            purge: Purge = {"op": "db", "db": db}   # through a view or a function: any table
-        elif any_wildcard or not tables.isdisjoint(analysis.tables):
-            purge = {"op": "tables", "db": db, "tables": sorted(analysis.tables)}
+        touched = None if analysis is None else keys.written(analysis, kin)
+        if analysis is None or touched is None or analysis.views or analysis.user_functions:
+            purge: Purge = {"op": "db", "db": db}   # through a view or a function, or trees unknown: any table
+        elif any_wildcard or not tables.isdisjoint(touched):
+            purge = {"op": "tables", "db": db, "tables": sorted(touched)}
         else:
             return None
         self.write_purges += 1

@@ -139,7 +139,8 @@ class Pipeline:
                     result = call.page(pool, subject, bound, size, args.page, timeout_ms)
                     rows = send_page(resp, args, size, plan, result, write)
                     if write and self._cache is not None:   # before the write is answered (see gateway.cache)
-                        purged = self._cache.written(catalog, call.connection, subject.analysis)  # type: ignore[arg-type]
+                        purged = self._cache.written(catalog, call.connection, subject.analysis,  # type: ignore[arg-type]
+                                                     kin)
                         if purged is not None:
                             resp.set_header("X-Cache-Invalidated", purge_summary(purged))
             for header, value in limits:

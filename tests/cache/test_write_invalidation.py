@@ -1,0 +1,97 @@
+"""Writes through the gateway invalidate every cached read whose answer they can change, however
+the two statements name the rows they share (one in-process app that runs writes, real
+PostgreSQL and Redis): a partition or an inheritance child and its parent, a schema-qualified
+and an unqualified name, quoted identifiers, ``INSERT ... ON CONFLICT``."""
+from __future__ import annotations
+
+import falcon.testing
+import pytest
+
+from helpers.api import Api
+from helpers.util import unique
+
+
+@pytest.fixture
+def writer(make_app, services):
+    """An app that runs writes (GATEWAY_ALLOW_WRITES), with its own API client."""
+    return Api.in_process(falcon.testing.TestClient(make_app(allow_writes=True)), services)
+
+
+@pytest.fixture
+def names(superuser):
+    made: list[str] = []
+
+    def make(prefix: str) -> str:
+        name = unique(prefix).replace("-", "_")
+        made.append(name)
+        return name
+    yield make
+    for name in reversed(made):
+        superuser(f"DROP TABLE IF EXISTS {name} CASCADE", db="demo")
+
+
+def values(reply) -> list:
+    assert reply.status == 200, reply
+    return [row["v"] for row in reply.json]
+
+
+def cached_then_written(api, connection: str, read_sql: str, write_sql: str) -> tuple[list, list, str]:
+    """Cache ``read_sql``'s answer, run ``write_sql`` through the gateway (it sets v = 'new'),
+    then read again: (the answer before, the answer after, its X-Cache)."""
+    read = api.query(read_sql, connection=connection, cache_ttl=600)
+    write = api.query(write_sql, connection=connection)
+    secret = api.key([read, write], [connection], allow_writes=True)
+    before = api.call(read, secret)
+    assert api.call(read, secret).headers["X-Cache"] == "hit"
+    wrote = api.call(write, secret)
+    assert wrote.status == 200 and wrote.headers.get("X-Rows-Affected") == "1", wrote
+    after = api.call(read, secret)
+    return values(before), values(after), after.headers["X-Cache"]
+
+
+def test_a_write_to_a_partition_invalidates_a_cached_read_of_its_parent(writer, names, superuser):
+    parent, part = names("cache_pp"), names("cache_pc")
+    superuser(f"CREATE TABLE {parent} (id int, v text) PARTITION BY LIST (id); "
+              f"CREATE TABLE {part} PARTITION OF {parent} FOR VALUES IN (1, 2); "
+              f"INSERT INTO {parent} VALUES (1, 'old')", db="demo")
+    connection = writer.connection()
+    before, after, state = cached_then_written(writer, connection, f"SELECT v FROM {parent} WHERE id = 1",
+                                               f"UPDATE {part} SET v = 'new' WHERE id = 1")
+    assert before == ["old"] and (after, state) == (["new"], "miss")
+
+
+def test_a_write_through_a_parent_invalidates_a_cached_read_of_its_partition(writer, names, superuser):
+    parent, part = names("cache_pp"), names("cache_pc")
+    superuser(f"CREATE TABLE {parent} (id int, v text) PARTITION BY LIST (id); "
+              f"CREATE TABLE {part} PARTITION OF {parent} FOR VALUES IN (1, 2); "
+              f"INSERT INTO {parent} VALUES (1, 'old')", db="demo")
+    connection = writer.connection()
+    before, after, state = cached_then_written(writer, connection, f"SELECT v FROM {part} WHERE id = 1",
+                                               f"UPDATE {parent} SET v = 'new' WHERE id = 1")
+    assert before == ["old"] and (after, state) == (["new"], "miss")
+
+
+def test_a_write_to_an_inheritance_child_invalidates_a_cached_read_of_its_parent(writer, names, superuser):
+    parent, child = names("cache_ip"), names("cache_ic")
+    superuser(f"CREATE TABLE {parent} (id int, v text); CREATE TABLE {child} () INHERITS ({parent}); "
+              f"INSERT INTO {child} VALUES (1, 'old')", db="demo")
+    connection = writer.connection()
+    before, after, state = cached_then_written(writer, connection, f"SELECT v FROM {parent} WHERE id = 1",
+                                               f"UPDATE {child} SET v = 'new' WHERE id = 1")
+    assert before == ["old"] and (after, state) == (["new"], "miss")
+
+
+def test_a_write_naming_a_table_otherwise_invalidates_what_read_it(writer, names, superuser):
+    """Schema-qualified against unqualified and quoted, mixed-case names; ON CONFLICT DO UPDATE."""
+    plain, mixed = names("cache_n"), names("Cache_M")
+    superuser(f'CREATE TABLE {plain} (id int PRIMARY KEY, v text); INSERT INTO {plain} VALUES (1, \'old\'); '
+              f'CREATE TABLE "{mixed}" (id int PRIMARY KEY, v text); INSERT INTO "{mixed}" VALUES (1, \'old\')',
+              db="demo")
+    connection = writer.connection()
+    before, after, state = cached_then_written(writer, connection, f"SELECT v FROM {plain} WHERE id = 1",
+                                               f"UPDATE public.{plain} SET v = 'new' WHERE id = 1")
+    assert before == ["old"] and (after, state) == (["new"], "miss")
+    before, after, state = cached_then_written(writer, connection, f'SELECT v FROM public."{mixed}" WHERE id = 1',
+                                               f'INSERT INTO "{mixed}" AS m VALUES (1, \'new\') '
+                                               f'ON CONFLICT (id) DO UPDATE SET v = excluded.v')
+    assert before == ["old"] and (after, state) == (["new"], "miss")
