@@ -52,11 +52,15 @@ class Purges(Protocol):
 
 
 class _Flight:
-    __slots__ = ("done", "entry")
+    """One fill in progress. ``mark``: the purges that could name its entry, taken before it
+    read anything (``MemoryCache.mark``); a call that has seen a later one must not take its answer."""
 
-    def __init__(self) -> None:
+    __slots__ = ("done", "entry", "mark")
+
+    def __init__(self, mark: tuple[int, int, int]) -> None:
         self.done = threading.Event()
         self.entry: Entry | None = None
+        self.mark = mark
 
 
 class ResponseCache:
@@ -105,10 +109,14 @@ class ResponseCache:
             if entry is not None:
                 self.hits += 1
                 return entry, "hit"
+        mark = self.memory.mark(qv.name, keys.database(qv.connection))
         with self._lock:
             held = self._flights.get(digest)
-            leader = held is None
-            flight = self._flights[digest] = _Flight() if held is None else held
+            # A fill that began before a purge this call has seen (a write or a purge answered
+            # before this call came) may have read the older rows: this call leads a new one.
+            leader = held is None or held.mark != mark
+            flight = held if held is not None and not leader else _Flight(mark)
+            self._flights[digest] = flight
         if not leader:
             # Another request of this worker is filling this entry: wait for its answer.
             if flight.done.wait(self._follow_s) and flight.entry is not None:
@@ -116,12 +124,13 @@ class ResponseCache:
                 return flight.entry, "miss"
             return self._fill(digest, qv, compute, fresh, shared=True, page=page, size=size)   # its fill failed
         try:
-            entry, state = self._fill(digest, qv, compute, fresh, shared=True, page=page, size=size)
+            entry, state = self._fill(digest, qv, compute, fresh, shared=True, page=page, size=size, mark=mark)
             flight.entry = entry
             return entry, state
         finally:
             with self._lock:
-                self._flights.pop(digest, None)
+                if self._flights.get(digest) is flight:   # not a newer flight that replaced it
+                    del self._flights[digest]
             flight.done.set()
 
     def _confirmed(self) -> bool:
@@ -140,11 +149,14 @@ class ResponseCache:
         return True
 
     def _fill(self, digest: str, qv: QueryVersion, compute: Callable[[], Result], fresh: bool,
-              shared: bool, page: int = 1, size: int = 0) -> tuple[Entry, str]:
-        """``shared``: ask the shared tier first (not for a bypass, which is also not a miss)."""
+              shared: bool, page: int = 1, size: int = 0,
+              mark: tuple[int, int, int] | None = None) -> tuple[Entry, str]:
+        """``shared``: ask the shared tier first (not for a bypass, which is also not a miss).
+        ``mark``: the flight's, taken before anything was read (else taken here)."""
         memory = self.memory
         db = keys.database(qv.connection)
-        mark = memory.mark(qv.name, db)    # before anything is read: a purge from now on wins over this fill
+        if mark is None:
+            mark = memory.mark(qv.name, db)    # before anything is read: a purge from now on wins over this fill
         token = None
         if shared:
             found, token = self._shared.get(digest)

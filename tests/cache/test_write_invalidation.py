@@ -4,6 +4,9 @@ PostgreSQL and Redis): a partition or an inheritance child and its parent, a sch
 and an unqualified name, quoted identifiers, ``INSERT ... ON CONFLICT``."""
 from __future__ import annotations
 
+import threading
+import time
+
 import falcon.testing
 import pytest
 
@@ -95,3 +98,35 @@ def test_a_write_naming_a_table_otherwise_invalidates_what_read_it(writer, names
                                                f'INSERT INTO "{mixed}" AS m VALUES (1, \'new\') '
                                                f'ON CONFLICT (id) DO UPDATE SET v = excluded.v')
     assert before == ["old"] and (after, state) == (["new"], "miss")
+
+
+def test_a_call_after_a_write_never_joins_a_fill_that_read_before_it(writer, names, superuser):
+    """Single flight: a call that arrives while another call of the same entry is still reading
+    the database waits for that answer. One that arrives after a write (or a purge) was answered
+    must not take it when that read began before the write: it may hold the older rows."""
+    table = names("cache_sf")
+    superuser(f"CREATE TABLE {table} (id int PRIMARY KEY, v text); INSERT INTO {table} VALUES (1, 'old')", db="demo")
+    api = writer
+    connection = api.connection()
+    read = api.query(f"SELECT v, pg_sleep(1.0) AS slept FROM {table} WHERE id = 1", connection=connection,
+                     cache_ttl=600)
+    write = api.query(f"UPDATE {table} SET v = :v WHERE id = 1", {"v": {"type": "str"}}, connection=connection)
+    purge_read = api.query(f"SELECT v FROM {table} WHERE id = 1", connection=connection)
+    secret = api.key([read, write, purge_read], [connection], allow_writes=True)
+    for step, change in (("write", lambda: api.call(write, secret, {"v": "new"})),
+                         ("purge", lambda: api.manage("DELETE", "/cache/entries", params={"query": read}))):
+        before = values(api.call(purge_read, secret))[0]
+        first: list = []
+        leader = threading.Thread(target=lambda into=first: into.append(api.call(read, secret)))
+        leader.start()
+        time.sleep(0.3)                      # the leader's read has begun: its snapshot is the old rows
+        if step == "purge":
+            superuser(f"UPDATE {table} SET v = 'newer' WHERE id = 1", db="demo")   # outside the gateway
+        changed = change()
+        assert changed.status in (200, 204), changed
+        late = api.call(read, secret)        # sent after the change was answered, while the leader still reads
+        leader.join()
+        assert values(first[0]) == [before]
+        expected = "new" if step == "write" else "newer"
+        assert values(late) == [expected], (step, late.headers.get("X-Cache"))
+        assert values(api.call(read, secret)) == [expected], step
