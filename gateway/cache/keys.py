@@ -44,9 +44,13 @@ def digest(qv: QueryVersion, bound: Sequence, page: int, size: int) -> str:
 
 
 def database(connection: Connection) -> str:
-    """The data database a connection reaches: two connections to it (other logins) share
-    its tables, so a write through one invalidates what the other read."""
-    return f"{connection.host}:{connection.port}/{connection.database}"
+    """The scope a write through ``connection`` invalidates: the name of the data database it
+    reaches. Two connections to one database (other logins) share its tables, so a write
+    through one invalidates what the other read. Not the host nor the port: their text does not
+    tell whether two connections reach one server (localhost and 127.0.0.1, a DNS alias, a
+    pooler on another port). Two servers with a database of one name share the scope: a false
+    match costs a refill, a missed one would serve the older answer."""
+    return connection.database
 
 
 def reads(qv: QueryVersion) -> tuple[frozenset[str], bool]:

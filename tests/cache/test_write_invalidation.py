@@ -130,3 +130,21 @@ def test_a_call_after_a_write_never_joins_a_fill_that_read_before_it(writer, nam
         expected = "new" if step == "write" else "newer"
         assert values(late) == [expected], (step, late.headers.get("X-Cache"))
         assert values(api.call(read, secret)) == [expected], step
+
+
+def test_a_write_through_another_spelling_of_the_server_invalidates_what_read_it(writer, names, superuser):
+    """Two connections to one database, one by name (localhost) and one by address: the gateway
+    cannot tell from a host's text that they reach the same server, so it must not assume not."""
+    table = names("cache_alias")
+    superuser(f"CREATE TABLE {table} (id int PRIMARY KEY, v text); INSERT INTO {table} VALUES (1, 'old')", db="demo")
+    api = writer
+    by_name, by_address = api.connection(host="localhost"), api.connection(host="127.0.0.1")
+    read = api.query(f"SELECT v FROM {table} WHERE id = 1", connection=by_name, cache_ttl=600)
+    write = api.query(f"UPDATE {table} SET v = 'new' WHERE id = 1", connection=by_address)
+    secret = api.key([read, write], [by_name, by_address], allow_writes=True)
+    assert values(api.call(read, secret)) == ["old"]
+    assert api.call(read, secret).headers["X-Cache"] == "hit"
+    wrote = api.call(write, secret)
+    assert wrote.status == 200 and wrote.headers.get("X-Rows-Affected") == "1", wrote
+    after = api.call(read, secret)
+    assert values(after) == ["new"], after.headers["X-Cache"]
