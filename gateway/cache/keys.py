@@ -65,15 +65,24 @@ def reads(qv: QueryVersion) -> tuple[frozenset[str], bool]:
 
 def written(analysis: Analysis, kin: Kin | None) -> frozenset[str] | None:
     """The relations whose rows a write may change, named as a read of them is: each table it
-    touches and, through its connection's inheritance and partition trees as they are now
-    (``kin``), every ancestor (a partition's or a child's rows are its parent's: a read of the
-    parent sees them) and every descendant (a write through a parent reaches the partitions a
-    read may name directly). None when the trees are not known yet: any table may be."""
+    touches and, through its connection's schema as the worker last read it (``kin``), every
+    ancestor (a partition's or a child's rows are its parent's: a read of the parent sees them)
+    and every descendant (a write through a parent reaches the partitions a read may name
+    directly) of each, and the tables foreign keys' actions reach from them (``ON DELETE
+    CASCADE``...), and theirs in turn. None when the schema is not known yet: any table may be."""
     if kin is None:
         return None
-    touched = set(analysis.tables)
-    for table in analysis.tables:
-        parts = split_qname(table)
-        if len(parts) == 2:
-            touched.update(qname(*other) for other in kin.get((parts[0], parts[1])))
-    return frozenset(touched)
+    touched: set[tuple[str, str]] = set()
+    followed: set[tuple[str, str]] = set()    # the tables whose trees and foreign keys were followed
+    todo = [(parts[0], parts[1]) for parts in map(split_qname, analysis.tables) if len(parts) == 2]
+    while todo:
+        table = todo.pop()
+        if table in followed:
+            continue
+        followed.add(table)
+        kindred = kin.get(table)
+        touched.add(table)
+        touched.update(kindred)
+        for one in (table, *kindred):
+            todo.extend(kin.cascades.get(one, ()))
+    return frozenset(analysis.tables) | frozenset(qname(*t) for t in touched)

@@ -33,7 +33,7 @@ class Kin:
     inner table can take an unqualified name from an outer one). Compared by value: the
     schema's relations, columns, views, trees, functions and operators."""
 
-    __slots__ = ("trees", "views", "schema", "analyses", "read_at", "_key")
+    __slots__ = ("trees", "views", "schema", "analyses", "read_at", "cascades", "_key")
 
     def __init__(self, trees: Trees, views: frozenset[tuple[str, str]] = frozenset(),
                  schema: Schema | None = None) -> None:
@@ -42,9 +42,11 @@ class Kin:
         self.schema = schema
         self.analyses: dict[str, object] = {}   # filled by gateway.pipeline.plans
         self.read_at = 0.0   # wall clock when the latest read that found this schema began (SchemaCache)
+        # A referenced table -> the tables a write to it changes through foreign keys' actions.
+        self.cascades = {} if schema is None else schema.cascades
         self._key = None if schema is None else (
             schema.relations, schema.parents, schema.functions, schema.search_path, schema.operators,
-            schema.extension_relations)
+            schema.extension_relations, schema.cascades)
 
     def get(self, table: tuple[str, str], default: tuple = ()) -> tuple[tuple[str, str], ...]:
         return self.trees.get(table, default)
@@ -124,16 +126,22 @@ class Schema:
     the symbol of each operator that is not built in (``&&``) to the names of the functions
     behind it: an operator is a call of its function, written another way.
     ``extension_relations`` are the relations an extension owns (``pg_stat_statements``):
-    the server's, like the catalogs, whatever schema they were installed in.
+    the server's, like the catalogs, whatever schema they were installed in. ``cascades`` maps
+    a table that foreign keys reference with an action (``ON DELETE CASCADE``, ``SET NULL``,
+    ``SET DEFAULT``, or the same ``ON UPDATE``) to the referencing tables: a write to it may
+    change their rows, though the statement does not name them (the response cache's
+    invalidation follows it).
     """
 
-    __slots__ = ("relations", "views", "parents", "functions", "search_path", "operators", "extension_relations")
+    __slots__ = ("relations", "views", "parents", "functions", "search_path", "operators", "extension_relations",
+                 "cascades")
 
     def __init__(self, relations: Mapping[str, Sequence[str]], views: Iterable[str] = (),
                  parents: Mapping[str, Sequence[str]] | None = None,
                  functions: Iterable[str] | None = None, search_path: Sequence[str] | None = None,
                  operators: Mapping[str, Iterable[str]] | None = None,
-                 extension_relations: Iterable[str] = ()) -> None:
+                 extension_relations: Iterable[str] = (),
+                 cascades: Mapping[str, Sequence[str]] | None = None) -> None:
         rel: dict[tuple[str, str], tuple[str, ...]] = {}
         for name, columns in relations.items():
             parts = split_qname(name)
@@ -150,6 +158,8 @@ class Schema:
         self.search_path = tuple(search_path) if search_path else None
         self.operators = {symbol: tuple(sorted(set(names))) for symbol, names in (operators or {}).items()}
         self.extension_relations = frozenset(self._key(r) for r in extension_relations)
+        self.cascades = {self._key(referenced): tuple(sorted({self._key(r) for r in referencing}))
+                         for referenced, referencing in (cascades or {}).items()}
 
     def kinship(self) -> Kin:
         """The trees and views as they are now (``Kin``), for the planner."""
@@ -167,13 +177,14 @@ class Schema:
                 "functions": sorted(self.functions) if self.functions is not None else None,
                 "search_path": list(self.search_path) if self.search_path else None,
                 "operators": {symbol: list(names) for symbol, names in sorted(self.operators.items())},
-                "extension_relations": sorted(qname(*r) for r in self.extension_relations)}
+                "extension_relations": sorted(qname(*r) for r in self.extension_relations),
+                "cascades": {qname(*k): [qname(*r) for r in v] for k, v in sorted(self.cascades.items())}}
 
     @classmethod
     def from_doc(cls, doc: Mapping) -> Schema:
         return cls(doc["relations"], doc.get("views") or (), doc.get("parents") or None,
                    doc.get("functions"), doc.get("search_path"), doc.get("operators") or None,
-                   doc.get("extension_relations") or ())
+                   doc.get("extension_relations") or (), doc.get("cascades") or None)
 
     @classmethod
     def coerce(cls, value: object) -> Schema:
@@ -208,6 +219,17 @@ SELECT cn.nspname, c.relname, pn.nspname, p.relname
   JOIN pg_catalog.pg_namespace cn ON cn.oid = c.relnamespace
   JOIN pg_catalog.pg_class p ON p.oid = up.parent
   JOIN pg_catalog.pg_namespace pn ON pn.oid = p.relnamespace
+"""
+
+# Foreign keys with an action: the referenced table, then the referencing one.
+_CASCADES_SQL = """
+SELECT dn.nspname, d.relname, rn.nspname, r.relname
+  FROM pg_catalog.pg_constraint k
+  JOIN pg_catalog.pg_class d ON d.oid = k.confrelid
+  JOIN pg_catalog.pg_namespace dn ON dn.oid = d.relnamespace
+  JOIN pg_catalog.pg_class r ON r.oid = k.conrelid
+  JOIN pg_catalog.pg_namespace rn ON rn.oid = r.relnamespace
+ WHERE k.contype = 'f' AND (k.confdeltype IN ('c', 'n', 'd') OR k.confupdtype IN ('c', 'n', 'd'))
 """
 
 _FUNCTIONS_SQL = """
@@ -275,7 +297,11 @@ def load_schema(conn: psycopg2.extensions.connection, search_path: Sequence[str]
             operators.setdefault(symbol, []).append(function)
         cur.execute(_EXTENSION_RELATIONS_SQL)
         extension_relations = [qname(nsp, rel) for nsp, rel in cur.fetchall()]
+        cur.execute(_CASCADES_SQL)
+        cascades: dict[str, list[str]] = {}
+        for dn, d, rn, r in cur.fetchall():
+            cascades.setdefault(qname(dn, d), []).append(qname(rn, r))
         if search_path is None:
             cur.execute("SELECT current_schemas(false)")
             search_path = tuple(cur.fetchone()[0])
-    return Schema(relations, views, parents, functions, search_path, operators, extension_relations)
+    return Schema(relations, views, parents, functions, search_path, operators, extension_relations, cascades)

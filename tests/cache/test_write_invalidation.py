@@ -148,3 +148,29 @@ def test_a_write_through_another_spelling_of_the_server_invalidates_what_read_it
     assert wrote.status == 200 and wrote.headers.get("X-Rows-Affected") == "1", wrote
     after = api.call(read, secret)
     assert values(after) == ["new"], after.headers["X-Cache"]
+
+
+def test_a_write_that_cascades_through_a_foreign_key_invalidates_what_read_the_other_table(writer, names,
+                                                                                            superuser):
+    """ON DELETE CASCADE / SET NULL (and ON UPDATE ...): PostgreSQL changes the referencing
+    table's rows too, though the statement names only the referenced one."""
+    customers, orders, notes = names("cache_fk_c"), names("cache_fk_o"), names("cache_fk_n")
+    superuser(f"CREATE TABLE {customers} (id int PRIMARY KEY); "
+              f"CREATE TABLE {orders} (id int PRIMARY KEY, customer int REFERENCES {customers} ON DELETE CASCADE, "
+              f"v text); "
+              f"CREATE TABLE {notes} (id int PRIMARY KEY, o int REFERENCES {orders} ON DELETE SET NULL, v text); "
+              f"INSERT INTO {customers} VALUES (1), (2); INSERT INTO {orders} VALUES (1, 1, 'old'), (2, 2, 'kept'); "
+              f"INSERT INTO {notes} VALUES (1, 1, 'note')", db="demo")
+    api = writer
+    connection = api.connection()
+    read = api.query(f"SELECT v FROM {orders} ORDER BY id", connection=connection, cache_ttl=600)
+    chained = api.query(f"SELECT o AS v FROM {notes}", connection=connection, cache_ttl=600)
+    delete = api.query(f"DELETE FROM {customers} WHERE id = 1", connection=connection)
+    secret = api.key([read, chained, delete], [connection], allow_writes=True)
+    assert values(api.call(read, secret)) == ["old", "kept"] and values(api.call(chained, secret)) == [1]
+    assert api.call(read, secret).headers["X-Cache"] == "hit"
+    wrote = api.call(delete, secret)
+    assert wrote.status == 200 and wrote.headers.get("X-Rows-Affected") == "1", wrote
+    after = api.call(read, secret)
+    assert values(after) == ["kept"], after.headers["X-Cache"]
+    assert values(api.call(chained, secret)) == [None]        # two foreign keys away
