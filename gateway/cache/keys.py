@@ -86,3 +86,11 @@ def written(analysis: Analysis, kin: Kin | None) -> frozenset[str] | None:
         for one in (table, *kindred):
             todo.extend(kin.cascades.get(one, ()))
     return frozenset(analysis.tables) | frozenset(qname(*t) for t in touched)
+
+
+def views_now(relations: frozenset[str], kin: Kin) -> bool:
+    """Whether any of ``relations`` is a view in the schema as the worker last read it: a table
+    a version was saved reading (or a write was saved naming) may have been replaced by a view
+    since, which reads other tables than the stored analysis says."""
+    views = kin.views
+    return bool(views) and any(tuple(split_qname(name)) in views for name in relations)

@@ -193,8 +193,9 @@ class ResponseCache:
             return None
         tables, any_wildcard = reading
         touched = None if analysis is None else keys.written(analysis, kin)
-        if analysis is None or touched is None or analysis.views or analysis.user_functions:
-            purge: Purge = {"op": "db", "db": db}   # through a view or a function, or trees unknown: any table
+        if analysis is None or touched is None or analysis.views or analysis.user_functions \
+                or keys.views_now(tables | touched, kin):  # type: ignore[arg-type]  # touched: kin is known
+            purge: Purge = {"op": "db", "db": db}   # through a view or a function, or the schema unknown: any table
         elif any_wildcard or not tables.isdisjoint(touched):
             purge = {"op": "tables", "db": db, "tables": sorted(touched)}
         else:

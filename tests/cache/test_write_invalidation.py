@@ -30,7 +30,8 @@ def names(superuser):
         return name
     yield make
     for name in reversed(made):
-        superuser(f"DROP TABLE IF EXISTS {name} CASCADE", db="demo")
+        # {name}_moved: a table renamed, with a view named {name} over it (dropped with it).
+        superuser(f"DROP TABLE IF EXISTS {name}_moved CASCADE; DROP TABLE IF EXISTS {name} CASCADE", db="demo")
 
 
 def values(reply) -> list:
@@ -174,3 +175,24 @@ def test_a_write_that_cascades_through_a_foreign_key_invalidates_what_read_the_o
     after = api.call(read, secret)
     assert values(after) == ["kept"], after.headers["X-Cache"]
     assert values(api.call(chained, secret)) == [None]        # two foreign keys away
+
+
+def test_a_write_invalidates_what_read_a_table_that_has_become_a_view_of_it(writer, names, superuser):
+    """A migration replaced the table a cached query reads with a view over its new name: the
+    stored analysis still says table, the schema the worker reads says view."""
+    table = names("cache_tv")
+    superuser(f"CREATE TABLE {table} (id int PRIMARY KEY, v text); INSERT INTO {table} VALUES (1, 'old')", db="demo")
+    api = writer
+    connection = api.connection()
+    read = api.query(f"SELECT v FROM {table} WHERE id = 1", connection=connection, cache_ttl=600)
+    secret = api.key([read], [connection])
+    assert values(api.call(read, secret)) == ["old"]
+    superuser(f"ALTER TABLE {table} RENAME TO {table}_moved; CREATE VIEW {table} AS SELECT * FROM {table}_moved",
+              db="demo")
+    write = api.query(f"UPDATE {table}_moved SET v = 'new' WHERE id = 1", connection=connection)
+    secret = api.key([read, write], [connection], allow_writes=True)
+    assert api.call(read, secret).headers["X-Cache"] == "hit"
+    wrote = api.call(write, secret)
+    assert wrote.status == 200 and wrote.headers.get("X-Rows-Affected") == "1", wrote
+    after = api.call(read, secret)
+    assert values(after) == ["new"], after.headers["X-Cache"]
