@@ -69,9 +69,13 @@ def written(analysis: Analysis, kin: Kin | None) -> frozenset[str] | None:
     ancestor (a partition's or a child's rows are its parent's: a read of the parent sees them)
     and every descendant (a write through a parent reaches the partitions a read may name
     directly) of each, and the tables foreign keys' actions reach from them (``ON DELETE
-    CASCADE``...), and theirs in turn. None when the schema is not known yet: any table may be."""
+    CASCADE``...), and theirs in turn. None when the schema is not known yet, or is older than a
+    table the write names: any table may be."""
     if kin is None:
         return None
+    known = None if kin.schema is None else kin.schema.relations
+    if known is not None and any(tuple(split_qname(name)) not in known for name in analysis.tables):
+        return None    # made since the worker read the schema (a partition): it cannot say whose rows they are
     touched: set[tuple[str, str]] = set()
     followed: set[tuple[str, str]] = set()    # the tables whose trees and foreign keys were followed
     todo = [(parts[0], parts[1]) for parts in map(split_qname, analysis.tables) if len(parts) == 2]

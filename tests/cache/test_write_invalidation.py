@@ -11,7 +11,7 @@ import falcon.testing
 import pytest
 
 from helpers.api import Api
-from helpers.util import unique
+from helpers.util import unique, wait_until
 
 
 @pytest.fixture
@@ -196,3 +196,34 @@ def test_a_write_invalidates_what_read_a_table_that_has_become_a_view_of_it(writ
     assert wrote.status == 200 and wrote.headers.get("X-Rows-Affected") == "1", wrote
     after = api.call(read, secret)
     assert values(after) == ["new"], after.headers["X-Cache"]
+
+
+def test_a_write_saved_after_the_worker_read_its_schema_invalidates_by_what_it_does_not_know(
+        make_app, services, names, superuser):
+    """A worker's copy of the schema (its trees) is read again every 30 s: a partition made since
+    is not in it. A write saved after the copy was read may name one; the worker cannot tell
+    which parent it belongs to, so it must drop every cached answer of the database."""
+    serving_app = make_app(allow_writes=True)
+    serving = Api.in_process(falcon.testing.TestClient(serving_app), services)
+    managing = Api.in_process(falcon.testing.TestClient(make_app(allow_writes=True)), services)
+    parent = names("cache_sp")
+    superuser(f"CREATE TABLE {parent} (id int, v text) PARTITION BY LIST (id); "
+              f"CREATE TABLE {parent}_1 PARTITION OF {parent} FOR VALUES IN (1); "
+              f"INSERT INTO {parent} VALUES (1, 'old')", db="demo")
+    connection = managing.connection()
+    read = managing.query(f"SELECT v FROM {parent} ORDER BY id", connection=connection, cache_ttl=600)
+    secret = managing.key([read], [connection])
+    wait_until(lambda: serving.call(read, secret).status == 200, 5, what="the query on the serving app")
+    wait_until(lambda: serving.call(read, secret).headers.get("X-Cache") == "hit", 5, what="a hit")
+    time.sleep(0.5)                               # the serving app's schema read behind its first call
+    superuser(f"CREATE TABLE {parent}_2 PARTITION OF {parent} FOR VALUES IN (2); "
+              f"INSERT INTO {parent} VALUES (2, 'old')", db="demo")
+    write = managing.query(f"UPDATE {parent}_2 SET v = 'new' WHERE id = 2", connection=connection)
+    secret = managing.key([read, write], [connection], allow_writes=True)
+    managing.ok("DELETE", "/cache/entries", params={"query": read})   # the DDL was made outside the gateway
+    wait_until(lambda: write in serving_app.parts.holder.current().queries, 5, what="the write on the serving app")
+    assert values(serving.call(read, secret)) == ["old", "old"]
+    wrote = serving.call(write, secret)
+    assert wrote.status == 200 and wrote.headers.get("X-Rows-Affected") == "1", wrote
+    after = serving.call(read, secret)
+    assert values(after) == ["old", "new"], after.headers["X-Cache"]
