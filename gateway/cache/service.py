@@ -158,7 +158,10 @@ class ResponseCache:
         if mark is None:
             mark = memory.mark(qv.name, db)    # before anything is read: a purge from now on wins over this fill
         token = None
-        if shared:
+        # Only while the bus keeps this worker fresh: a purge that could not reach Redis (away,
+        # full) left the shared tier holding what it should have dropped, until a worker's
+        # reconnect empties it; a worker that has not heard the bus since cannot tell.
+        if shared and self._sync.fresh():
             found, token = self._shared.get(digest)
             if found is not None:
                 if fresh:

@@ -139,3 +139,21 @@ def test_a_fill_that_read_before_a_redis_restart_is_not_shared_after_a_purge(pai
         assert after.json[0]["v"] == "new", after.headers.get("X-Cache")
     finally:
         client.close()
+
+
+def test_a_purge_redis_refused_for_lack_of_memory_is_not_undone_by_the_shared_tier(cached, private_services):
+    """Redis full (maxmemory, noeviction: every write refused, every read answered): no purge nor
+    heartbeat gets in, so every worker stops trusting its memory; it must not trust the shared
+    tier either, which still holds what the purge could not drop."""
+    serving_api, purging_api, query, secret = cached
+    client = private_services.redis_client()
+    try:
+        client.config_set("maxmemory-policy", "noeviction")
+        client.config_set("maxmemory", "1")
+        purged = purging_api.manage("DELETE", "/cache/entries", params={"query": query})
+        assert purged.status == 204 and "degraded" in purged.headers["X-Cache-Invalidated"], purged.headers
+        after = serving_api.call(query, secret)
+        assert after.status == 200 and after.json == [{"v": 2}], after.headers.get("X-Cache")
+    finally:
+        client.config_set("maxmemory", "0")
+        client.close()
