@@ -227,3 +227,23 @@ def test_a_write_saved_after_the_worker_read_its_schema_invalidates_by_what_it_d
     assert wrote.status == 200 and wrote.headers.get("X-Rows-Affected") == "1", wrote
     after = serving.call(read, secret)
     assert values(after) == ["old", "new"], after.headers["X-Cache"]
+
+
+def test_a_write_that_fails_or_is_rolled_back_answers_its_error_and_keeps_the_cache(writer, names, superuser):
+    table = names("cache_fail")
+    superuser(f"CREATE TABLE {table} (id int PRIMARY KEY, v text); "
+              f"INSERT INTO {table} VALUES (1, 'old'), (2, 'other')", db="demo")
+    api = writer
+    connection = api.connection()
+    read = api.query(f"SELECT v FROM {table} ORDER BY id", connection=connection, cache_ttl=600)
+    duplicate = api.query(f"INSERT INTO {table} VALUES (1, 'new')", connection=connection)
+    too_many = api.query(f"UPDATE {table} SET v = 'new'", connection=connection, max_affected_rows=1)
+    secret = api.key([read, duplicate, too_many], [connection], allow_writes=True)
+    assert values(api.call(read, secret)) == ["old", "other"]
+    for name in (duplicate, too_many):
+        failed = api.call(name, secret)
+        assert 400 <= failed.status < 500 and "X-Cache-Invalidated" not in failed.headers, failed
+    adhoc = api.adhoc(secret, {"connection_name": connection, "sql": f"UPDATE {table} SET id = 2 WHERE id = 1"})
+    assert 400 <= adhoc.status < 500, adhoc
+    kept = api.call(read, secret)
+    assert kept.headers["X-Cache"] == "hit" and values(kept) == ["old", "other"]
