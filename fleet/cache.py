@@ -192,6 +192,8 @@ class RedisCacheSync:
         self._lease_s = lease_ms / 1000
         self._ping_s = ping_ms / 1000
         self._sync_timeout_s = sync_timeout_ms / 1000
+        # A worker's lease renewed by a pong to a ping sent just before a purge failed to publish.
+        self.away_s = self._lease_s + self._ping_s
         self._redis = self._link.client(0.5, health_check_interval=0)
         self._heartbeat = self._redis.register_script(_HEARTBEAT)
         self._acks = self._redis.register_script(_ACKS)
@@ -278,11 +280,10 @@ class RedisCacheSync:
             self._link.publish(pipe, CHANNEL, orjson.dumps({"seq": seq, "purge": purge}))
             pipe.execute()
         except redis.RedisError as exc:
-            # Nobody can be told. A management purge waits out the lease, so every worker has
-            # stopped serving from memory before it returns; a write (timeout_s) does not wait.
+            # Nobody can be told: the caller tries again until it is, or for ``away_s``
+            # (gateway.cache.service), so every worker has either applied it or stopped serving
+            # from memory by then.
             log.warning("cache bus: cannot publish a purge (%s)", exc)
-            if timeout_s is None:
-                time.sleep(self._lease_s + self._ping_s)
             return {"workers": None, "waited_ms": (time.monotonic() - started) * 1000, "degraded": True}
         deadline = started + wait_s
         delay = 0.0005

@@ -26,6 +26,7 @@ from . import keys
 from .entry import Entry, encode_rows
 from .memory import MemoryCache, Purge
 from .ports import CacheSync, LocalCacheSync, NoSharedTier, SharedTier
+from .redeliver import RETRY_S, Redelivery
 
 if TYPE_CHECKING:
     from ..execution.runner import Result
@@ -51,6 +52,11 @@ class Purges(Protocol):
     def close(self) -> None: ...
 
 
+def _delivered(reply: dict) -> bool:
+    """Whether a purge reached the shared tier and was published on the bus."""
+    return not reply.get("degraded") and reply.get("shared") != "unreachable"
+
+
 class _Flight:
     """One fill in progress. ``mark``: the purges that could name its entry, taken before it
     read anything (``MemoryCache.mark``); a call that has seen a later one must not take its answer."""
@@ -66,7 +72,7 @@ class _Flight:
 class ResponseCache:
     __slots__ = ("memory", "hits", "misses", "bypasses", "shared_fills", "write_purges", "failed_purges",
                  "_sync", "_shared", "_purges", "_worker", "_clock", "_wall", "_flights", "_lock", "_follow_s",
-                 "_write_wait_s", "_readers")
+                 "_write_wait_s", "_readers", "_behind")
 
     def __init__(self, settings: Settings, sync: CacheSync | None = None, shared: SharedTier | None = None,
                  worker: str = "", clock: Clock = time.monotonic, wall: Clock = time.time,
@@ -86,6 +92,7 @@ class ResponseCache:
         self._follow_s = settings.statement_timeout_ms / 1000 + 1
         self._write_wait_s = settings.cache_write_wait_ms / 1000
         self._readers: tuple[Catalog | None, dict[str, tuple[frozenset[str], bool]]] = (None, {})
+        self._behind = Redelivery(lambda purge: _delivered(self._deliver(purge, self._write_wait_s)))
 
     def start(self) -> None:
         self._sync.start(self.memory)
@@ -233,8 +240,10 @@ class ResponseCache:
     def purge(self, purge: Purge, timeout_s: float | None = None, strict: bool = True) -> dict:
         """Bump the store's purge counter (for workers away from the bus), drop what ``purge``
         names in the shared tier, then on every worker; returns once every live worker has (see
-        ``CacheSync.announce``). ``strict``: a counter that cannot be bumped fails the purge
-        (503); a write's purge goes on without it."""
+        ``CacheSync.announce``), or, when Redis did not take it, once it has been tried again
+        for ``CacheSync.away_s`` (``timeout_s``, a write's: at once, tried again behind it,
+        ``gateway.cache.redeliver``). ``strict``: a counter that cannot be bumped fails the
+        purge (503); a write's purge goes on without it."""
         started = time.monotonic()
         if self._purges is not None:
             try:
@@ -243,16 +252,33 @@ class ResponseCache:
                 if strict:
                     raise unavailable("store_unavailable", "the gateway's store cannot be reached") from None
                 self.failed_purges += 1
+        self.memory.apply(purge)     # this worker at once, whatever the bus's timing
+        reply = self._deliver(purge, timeout_s)
+        if not _delivered(reply):
+            # Redis did not take it: a worker whose lease has not run out (Redis answered its
+            # heartbeats around a stall) still serves what it would drop. Tried again until it is
+            # delivered or no worker that missed it can still trust its memory (``away_s``).
+            deadline = started + self._sync.away_s
+            if timeout_s is None:     # a management call answers once it is, or then
+                while not _delivered(reply) and time.monotonic() < deadline:
+                    time.sleep(RETRY_S)
+                    reply = self._deliver(purge, timeout_s)
+            else:                     # a write is answered now (degraded): delivered behind it
+                self._behind.add(purge, deadline)
+        reply["waited_ms"] = round((time.monotonic() - started) * 1000, 3)
+        return reply
+
+    def _deliver(self, purge: Purge, timeout_s: float | None) -> dict:
+        """One try: the shared tier first (a worker that drops the entry must not fill it again
+        from there), then every worker through the bus."""
         shared_ok = True
         try:
             self._shared.purge(purge)
-        except Exception:   # Redis away: so is the bus; every worker's reconnect empties the shared tier
+        except Exception:   # Redis away: tried again (see purge); every worker's reconnect empties it too
             shared_ok = False
-        self.memory.apply(purge)     # this worker at once, whatever the bus's timing
         reply = dict(self._sync.announce(purge, timeout_s))
         if not shared_ok:
             reply["shared"] = "unreachable"
-        reply["waited_ms"] = round((time.monotonic() - started) * 1000, 3)
         return reply
 
     def on_change(self, doc: dict, catalog: Catalog | None = None) -> None:

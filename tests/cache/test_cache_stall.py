@@ -157,3 +157,51 @@ def test_a_purge_redis_refused_for_lack_of_memory_is_not_undone_by_the_shared_ti
     finally:
         client.config_set("maxmemory", "0")
         client.close()
+
+
+@pytest.fixture
+def slow_ping(private_services, tmp_path):
+    """(serving app, its API, purging app's API): bus pings every 2 s, a lease of 6 s."""
+    made = []
+    for name in ("serving", "purging"):
+        made.append(create_app(Settings(
+            database_url=private_services.store_url, redis_url=private_services.redis_url, admin_key=ADMIN_KEY,
+            secret_key=SECRET_KEY, home=str(tmp_path / name), log_level="error", cache_shared="on",
+            freshness_lease_ms=6000, bus_ping_ms=2000, sync_timeout_ms=1000, allow_writes=True)))
+    for app in made:
+        wait_until(lambda a=app: a.parts.cache._sync.fresh(), 10, what="the cache bus")
+    yield made[0], *(Api.in_process(falcon.testing.TestClient(a), private_services) for a in made)
+    for app in made:
+        app.parts.close()
+
+
+def test_a_write_whose_purge_redis_missed_in_a_stall_reaches_every_worker_within_the_lease(slow_ping,
+                                                                                           private_services):
+    """A stall (1 s) longer than the publish's timeout (0.5 s) that falls between two of a worker's
+    heartbeats: its lease never runs out, so the write's degraded purge must be delivered once
+    Redis answers again; the worker may serve the older answer within the lease, not after."""
+    serving, serving_api, purging_api = slow_ping
+    private_services.sql("DROP TABLE IF EXISTS cache_gap; CREATE TABLE cache_gap (id int PRIMARY KEY, v text); "
+                         "INSERT INTO cache_gap VALUES (1, 'old')", db="postgres")
+    connection = purging_api.connection(password=private_services.pg.password())
+    read = purging_api.query("SELECT v FROM cache_gap", connection=connection, cache_ttl=600)
+    write = purging_api.query("UPDATE cache_gap SET v = 'new' WHERE id = 1", connection=connection)
+    secret = purging_api.key([read, write], [connection], allow_writes=True)
+    wait_until(lambda: serving_api.call(read, secret).status == 200, 5, what="the query on the serving app")
+    assert serving_api.call(read, secret).headers["X-Cache"] == "hit"
+    sync = serving.parts.cache._sync
+    renewed = sync._fresh_until
+    wait_until(lambda: sync._fresh_until != renewed, 5, what="a pong")   # the next heartbeat is 2 s away
+    resume = stalled(private_services, 1.0)
+    try:
+        wrote = purging_api.call(write, secret)
+        answered = time.monotonic()
+    finally:
+        resume.join()
+    assert wrote.status == 200 and "degraded" in wrote.headers["X-Cache-Invalidated"], wrote.headers
+    assert sync.fresh()                           # the worker never stopped trusting its memory
+    seen = []
+    while time.monotonic() - answered < 6.5 and seen[-1:] != ["new"]:
+        seen.append(serving_api.call(read, secret).json[0]["v"])
+        time.sleep(0.1)
+    assert seen[-1] == "new", f"'old' served {len(seen)} times over {time.monotonic() - answered:.1f} s"
