@@ -19,8 +19,10 @@ from .memory import Purge
 
 log = logging.getLogger("gateway.cache")
 
-# Between two tries while Redis does not answer (each try already waits for its timeouts).
+# Between two tries while Redis does not answer, doubling up to RETRY_MAX_S: each failed try
+# logs a warning, and a Redis that is down answers at once.
 RETRY_S = 0.05
+RETRY_MAX_S = 0.4
 
 
 class Redelivery:
@@ -43,6 +45,7 @@ class Redelivery:
                 self._thread.start()
 
     def _run(self) -> None:
+        delay = RETRY_S
         while True:
             with self._lock:
                 now = time.monotonic()
@@ -66,5 +69,7 @@ class Redelivery:
             if delivered:
                 with self._lock:
                     del self._pending[:batch]
+                delay = RETRY_S
                 continue
-            time.sleep(RETRY_S)
+            time.sleep(delay)
+            delay = min(delay * 2, RETRY_MAX_S)

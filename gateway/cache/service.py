@@ -26,7 +26,7 @@ from . import keys
 from .entry import Entry, encode_rows
 from .memory import MemoryCache, Purge
 from .ports import CacheSync, LocalCacheSync, NoSharedTier, SharedTier
-from .redeliver import RETRY_S, Redelivery
+from .redeliver import RETRY_MAX_S, RETRY_S, Redelivery
 
 if TYPE_CHECKING:
     from ..execution.runner import Result
@@ -260,8 +260,10 @@ class ResponseCache:
             # delivered or no worker that missed it can still trust its memory (``away_s``).
             deadline = started + self._sync.away_s
             if timeout_s is None:     # a management call answers once it is, or then
+                delay = RETRY_S
                 while not _delivered(reply) and time.monotonic() < deadline:
-                    time.sleep(RETRY_S)
+                    time.sleep(min(delay, max(0.0, deadline - time.monotonic())))
+                    delay = min(delay * 2, RETRY_MAX_S)
                     reply = self._deliver(purge, timeout_s)
             else:                     # a write is answered now (degraded): delivered behind it
                 self._behind.add(purge, deadline)
