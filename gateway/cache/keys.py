@@ -70,7 +70,7 @@ def written(analysis: Analysis, kin: Kin | None) -> frozenset[str] | None:
     and every descendant (a write through a parent reaches the partitions a read may name
     directly) of each, and the tables foreign keys' actions reach from them (``ON DELETE
     CASCADE``...), and theirs in turn. None when the schema is not known yet, or is older than a
-    table the write names: any table may be."""
+    table the write names, or when one of them has a trigger or a rule: any table may be."""
     if kin is None:
         return None
     known = None if kin.schema is None else kin.schema.relations
@@ -89,6 +89,8 @@ def written(analysis: Analysis, kin: Kin | None) -> frozenset[str] | None:
         touched.update(kindred)
         for one in (table, *kindred):
             todo.extend(kin.cascades.get(one, ()))
+    if not kin.triggered.isdisjoint(touched):
+        return None    # a trigger or a rule fires: it may write any table
     return frozenset(analysis.tables) | frozenset(qname(*t) for t in touched)
 
 

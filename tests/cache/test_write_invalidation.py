@@ -255,3 +255,21 @@ def test_a_write_that_fails_or_is_rolled_back_answers_its_error_and_keeps_the_ca
     assert 400 <= adhoc.status < 500, adhoc
     kept = api.call(read, secret)
     assert kept.headers["X-Cache"] == "hit" and values(kept) == ["old", "other"]
+
+
+def test_a_write_that_fires_a_trigger_invalidates_what_read_the_table_it_writes(writer, names, superuser):
+    """A trigger (or a rule) on the written table may write any other: the statement names
+    neither the function nor that table."""
+    audited, log = names("cache_trg"), names("cache_trl")
+    superuser(f"CREATE TABLE {log} (id int PRIMARY KEY, v text); INSERT INTO {log} VALUES (1, 'old'); "
+              f"CREATE TABLE {audited} (id int PRIMARY KEY, v text); INSERT INTO {audited} VALUES (1, 'old'); "
+              f"CREATE FUNCTION {audited}_f() RETURNS trigger LANGUAGE plpgsql AS "
+              f"$$BEGIN UPDATE {log} SET v = NEW.v WHERE id = 1; RETURN NEW; END$$; "
+              f"CREATE TRIGGER {audited}_t AFTER UPDATE ON {audited} FOR EACH ROW EXECUTE FUNCTION {audited}_f()",
+              db="demo")
+    try:
+        before, after, state = cached_then_written(writer, writer.connection(), f"SELECT v FROM {log} WHERE id = 1",
+                                                   f"UPDATE {audited} SET v = 'new' WHERE id = 1")
+        assert before == ["old"] and (after, state) == (["new"], "miss")
+    finally:
+        superuser(f"DROP TABLE {audited}; DROP FUNCTION {audited}_f()", db="demo")
