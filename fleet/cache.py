@@ -17,9 +17,10 @@ sequence, so a purge does not bump the catalog's generation nor make anyone relo
 
 The shared tier holds entries (``...:e:<digest>``, expiring with their TTL) and index sets
 (by query, by table, by database for entries that read through views or functions). A purge
-bumps ``...:gen`` and deletes what the indexes name in one script; a fill stores its entry
-only if ``gen`` is still what it was when the fill began, so an answer read before a purge
-cannot be stored after it.
+moves ``...:gen`` to a value it never held (Redis's clock in milliseconds, or one past) and
+deletes what the indexes name in one script; a fill stores its entry only if ``gen`` is still
+what it was when the fill began, so an answer read before a purge cannot be stored after it,
+even across a restart of Redis that lost ``gen``.
 """
 from __future__ import annotations
 
@@ -53,10 +54,18 @@ GEN = PREFIX + "gen"
 INDEXES = PREFIX + "indexes"      # every index set, so a purge of everything finds them
 
 # KEYS: gen, indexes. ARGV: prefix, op, then the op's arguments. Every key shares {fleet}.
+# The generation moves to Redis's clock in milliseconds (or one past where it was): a value it
+# never held before, even after a restart without persistence lost it. Counted from 0 again, it
+# would come back to the value a fill in flight took before the restart, and that fill's older
+# answer would be stored after a purge made since.
 _PURGE = """
 local p = ARGV[1]
 local op = ARGV[2]
-redis.call('INCR', KEYS[1])
+local t = redis.call('TIME')
+local gen = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local held = tonumber(redis.call('GET', KEYS[1]) or '0')
+if gen <= held then gen = held + 1 end
+redis.call('SET', KEYS[1], string.format('%d', gen))
 local sets = {}
 local dropped = 0
 if op == 'all' then
@@ -183,6 +192,8 @@ class RedisCacheSync:
         self._lease_s = lease_ms / 1000
         self._ping_s = ping_ms / 1000
         self._sync_timeout_s = sync_timeout_ms / 1000
+        # A worker's lease renewed by a pong to a ping sent just before a purge failed to publish.
+        self.away_s = self._lease_s + self._ping_s
         self._redis = self._link.client(0.5, health_check_interval=0)
         self._heartbeat = self._redis.register_script(_HEARTBEAT)
         self._acks = self._redis.register_script(_ACKS)
@@ -269,11 +280,10 @@ class RedisCacheSync:
             self._link.publish(pipe, CHANNEL, orjson.dumps({"seq": seq, "purge": purge}))
             pipe.execute()
         except redis.RedisError as exc:
-            # Nobody can be told. A management purge waits out the lease, so every worker has
-            # stopped serving from memory before it returns; a write (timeout_s) does not wait.
+            # Nobody can be told: the caller tries again until it is, or for ``away_s``
+            # (gateway.cache.service), so every worker has either applied it or stopped serving
+            # from memory by then.
             log.warning("cache bus: cannot publish a purge (%s)", exc)
-            if timeout_s is None:
-                time.sleep(self._lease_s + self._ping_s)
             return {"workers": None, "waited_ms": (time.monotonic() - started) * 1000, "degraded": True}
         deadline = started + wait_s
         delay = 0.0005

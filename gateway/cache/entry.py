@@ -39,7 +39,7 @@ class Entry:
         self.digest = digest
         self.query = query
         self.version = version
-        self.db = db                    # the data database (host:port/name): what a write names
+        self.db = db                    # the data database (its name, keys.database): what a write names
         self.tables = tables            # the relations it read (schema-qualified)
         self.wildcard = wildcard        # read a view or a user function: any write to db may change it
         self.columns = columns

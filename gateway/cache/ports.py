@@ -6,7 +6,8 @@
 * ``CacheSync``: how a purge reaches every worker's memory. ``announce`` returns once every
   live worker applied it (or its freshness lease ran out, or ``timeout_s`` passed);
   ``fresh()`` says whether this worker may serve from memory: not when it may have missed a
-  purge (the bus is away past its lease; the same rule as the catalog).
+  purge (the bus is away past its lease; the same rule as the catalog). ``away_s``: how long
+  after a purge that could not be published a worker may still be fresh (lease and ping).
 """
 from __future__ import annotations
 
@@ -48,6 +49,8 @@ class NoSharedTier:
 
 
 class CacheSync(Protocol):
+    away_s: float
+
     def start(self, memory: MemoryCache) -> None: ...
 
     def announce(self, purge: Purge, timeout_s: float | None = None) -> dict: ...
@@ -61,6 +64,7 @@ class LocalCacheSync:
     """One process: a purge is applied in place."""
 
     __slots__ = ("_memory",)
+    away_s = 0.0
 
     def __init__(self) -> None:
         self._memory: MemoryCache | None = None

@@ -26,10 +26,12 @@ from . import keys
 from .entry import Entry, encode_rows
 from .memory import MemoryCache, Purge
 from .ports import CacheSync, LocalCacheSync, NoSharedTier, SharedTier
+from .redeliver import RETRY_MAX_S, RETRY_S, Redelivery
 
 if TYPE_CHECKING:
     from ..execution.runner import Result
     from ..governance import Analysis
+    from ..governance.schema import Kin
     from ..model.catalog import Catalog, Connection, QueryVersion
     from ..settings import Settings
 
@@ -52,18 +54,27 @@ class Purges(Protocol):
     def close(self) -> None: ...
 
 
-class _Flight:
-    __slots__ = ("done", "entry")
+def _delivered(reply: dict) -> bool:
+    """Whether a purge reached the shared tier and was published on the bus."""
+    return not reply.get("degraded") and reply.get("shared") != "unreachable"
 
-    def __init__(self) -> None:
+
+class _Flight:
+    """One fill in progress. ``mark``: the purges that could name its entry, taken before it
+    read anything (``MemoryCache.mark``); a call that has seen a later one must not take its answer."""
+
+    __slots__ = ("done", "entry", "mark")
+
+    def __init__(self, mark: tuple[int, int, int]) -> None:
         self.done = threading.Event()
         self.entry: Entry | None = None
+        self.mark = mark
 
 
 class ResponseCache:
     __slots__ = ("memory", "hits", "misses", "bypasses", "shared_fills", "write_purges", "failed_purges",
                  "_sync", "_shared", "_purges", "_worker", "_clock", "_wall", "_flights", "_lock", "_follow_s",
-                 "_write_wait_s", "_readers")
+                 "_write_wait_s", "_readers", "_behind")
 
     def __init__(self, settings: Settings, sync: CacheSync | None = None, shared: SharedTier | None = None,
                  worker: str = "", clock: Clock = time.monotonic, wall: Clock = time.time,
@@ -83,6 +94,7 @@ class ResponseCache:
         self._follow_s = settings.statement_timeout_ms / 1000 + 1
         self._write_wait_s = settings.cache_write_wait_ms / 1000
         self._readers: tuple[Catalog | None, dict[str, tuple[frozenset[str], bool]]] = (None, {})
+        self._behind = Redelivery(lambda purge: _delivered(self._deliver(purge, self._write_wait_s)))
 
     def start(self) -> None:
         self._sync.start(self.memory)
@@ -111,10 +123,14 @@ class ResponseCache:
             if entry is not None:
                 self.hits += 1
                 return entry, "hit"
+        mark = self.memory.mark(qv.name, keys.database(qv.connection))
         with self._lock:
             held = self._flights.get(digest)
-            leader = held is None
-            flight = self._flights[digest] = _Flight() if held is None else held
+            # A fill that began before a purge this call has seen (a write or a purge answered
+            # before this call came) may have read the older rows: this call leads a new one.
+            leader = held is None or held.mark != mark
+            flight = held if held is not None and not leader else _Flight(mark)
+            self._flights[digest] = flight
         if not leader:
             # Another request of this worker is filling this entry: wait for its answer.
             if flight.done.wait(self._follow_s) and flight.entry is not None:
@@ -122,12 +138,13 @@ class ResponseCache:
                 return flight.entry, "miss"
             return self._fill(digest, qv, compute, fresh, shared=True, page=page, size=size)   # its fill failed
         try:
-            entry, state = self._fill(digest, qv, compute, fresh, shared=True, page=page, size=size)
+            entry, state = self._fill(digest, qv, compute, fresh, shared=True, page=page, size=size, mark=mark)
             flight.entry = entry
             return entry, state
         finally:
             with self._lock:
-                self._flights.pop(digest, None)
+                if self._flights.get(digest) is flight:   # not a newer flight that replaced it
+                    del self._flights[digest]
             flight.done.set()
 
     def ready(self, digest: str) -> bool:
@@ -151,13 +168,19 @@ class ResponseCache:
         return True
 
     def _fill(self, digest: str, qv: QueryVersion, compute: Callable[[], Result], fresh: bool,
-              shared: bool, page: int = 1, size: int = 0) -> tuple[Entry, str]:
-        """``shared``: ask the shared tier first (not for a bypass, which is also not a miss)."""
+              shared: bool, page: int = 1, size: int = 0,
+              mark: tuple[int, int, int] | None = None) -> tuple[Entry, str]:
+        """``shared``: ask the shared tier first (not for a bypass, which is also not a miss).
+        ``mark``: the flight's, taken before anything was read (else taken here)."""
         memory = self.memory
         db = keys.database(qv.connection)
-        mark = memory.mark(qv.name, db)    # before anything is read: a purge from now on wins over this fill
+        if mark is None:
+            mark = memory.mark(qv.name, db)    # before anything is read: a purge from now on wins over this fill
         token = None
-        if shared:
+        # Only while the bus keeps this worker fresh: a purge that could not reach Redis (away,
+        # full) left the shared tier holding what it should have dropped, until a worker's
+        # reconnect empties it; a worker that has not heard the bus since cannot tell.
+        if shared and self._sync.fresh():
             found, token = self._shared.get(digest)
             if found is not None:
                 if fresh:
@@ -180,19 +203,23 @@ class ResponseCache:
             self.misses += 1
         return entry, "miss"
 
-    def written(self, catalog: Catalog, connection: Connection, analysis: Analysis | None) -> dict | None:
+    def written(self, catalog: Catalog, connection: Connection, analysis: Analysis | None,
+                kin: Kin | None = None) -> dict | None:
         """A write through the gateway committed: drop, on every worker and in the shared tier,
-        the entries of every query that read a table it touched, before it is answered. Nothing
-        is announced when no cached query reads its database."""
+        the entries of every query that read a table it touched (or a parent or a partition of
+        one: ``kin``, the connection's trees), before it is answered. Nothing is announced when
+        no cached query reads its database."""
         db = keys.database(connection)
         reading = self._reading(catalog).get(db)
         if reading is None:
             return None
         tables, any_wildcard = reading
-        if analysis is None or analysis.views or analysis.user_functions:
-            purge: Purge = {"op": "db", "db": db}   # through a view or a function: any table
-        elif any_wildcard or not tables.isdisjoint(analysis.tables):
-            purge = {"op": "tables", "db": db, "tables": sorted(analysis.tables)}
+        touched = None if analysis is None else keys.written(analysis, kin)
+        if analysis is None or touched is None or analysis.views or analysis.user_functions \
+                or keys.views_now(tables | touched, kin):  # type: ignore[arg-type]  # touched: kin is known
+            purge: Purge = {"op": "db", "db": db}   # through a view or a function, or the schema unknown: any table
+        elif any_wildcard or not tables.isdisjoint(touched):
+            purge = {"op": "tables", "db": db, "tables": sorted(touched)}
         else:
             return None
         self.write_purges += 1
@@ -225,8 +252,10 @@ class ResponseCache:
     def purge(self, purge: Purge, timeout_s: float | None = None, strict: bool = True) -> dict:
         """Bump the store's purge counter (for workers away from the bus), drop what ``purge``
         names in the shared tier, then on every worker; returns once every live worker has (see
-        ``CacheSync.announce``). ``strict``: a counter that cannot be bumped fails the purge
-        (503); a write's purge goes on without it."""
+        ``CacheSync.announce``), or, when Redis did not take it, once it has been tried again
+        for ``CacheSync.away_s`` (``timeout_s``, a write's: at once, tried again behind it,
+        ``gateway.cache.redeliver``). ``strict``: a counter that cannot be bumped fails the
+        purge (503); a write's purge goes on without it."""
         started = time.monotonic()
         if self._purges is not None:
             try:
@@ -235,16 +264,35 @@ class ResponseCache:
                 if strict:
                     raise unavailable("store_unavailable", "the gateway's store cannot be reached") from None
                 self.failed_purges += 1
+        self.memory.apply(purge)     # this worker at once, whatever the bus's timing
+        reply = self._deliver(purge, timeout_s)
+        if not _delivered(reply):
+            # Redis did not take it: a worker whose lease has not run out (Redis answered its
+            # heartbeats around a stall) still serves what it would drop. Tried again until it is
+            # delivered or no worker that missed it can still trust its memory (``away_s``).
+            deadline = started + self._sync.away_s
+            if timeout_s is None:     # a management call answers once it is, or then
+                delay = RETRY_S
+                while not _delivered(reply) and time.monotonic() < deadline:
+                    time.sleep(min(delay, max(0.0, deadline - time.monotonic())))
+                    delay = min(delay * 2, RETRY_MAX_S)
+                    reply = self._deliver(purge, timeout_s)
+            else:                     # a write is answered now (degraded): delivered behind it
+                self._behind.add(purge, deadline)
+        reply["waited_ms"] = round((time.monotonic() - started) * 1000, 3)
+        return reply
+
+    def _deliver(self, purge: Purge, timeout_s: float | None) -> dict:
+        """One try: the shared tier first (a worker that drops the entry must not fill it again
+        from there), then every worker through the bus."""
         shared_ok = True
         try:
             self._shared.purge(purge)
-        except Exception:   # Redis away: so is the bus; every worker's reconnect empties the shared tier
+        except Exception:   # Redis away: tried again (see purge); every worker's reconnect empties it too
             shared_ok = False
-        self.memory.apply(purge)     # this worker at once, whatever the bus's timing
         reply = dict(self._sync.announce(purge, timeout_s))
         if not shared_ok:
             reply["shared"] = "unreachable"
-        reply["waited_ms"] = round((time.monotonic() - started) * 1000, 3)
         return reply
 
     def on_change(self, doc: dict, catalog: Catalog | None = None) -> None:

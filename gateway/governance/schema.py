@@ -33,7 +33,7 @@ class Kin:
     inner table can take an unqualified name from an outer one). Compared by value: the
     schema's relations, columns, views, trees, functions and operators."""
 
-    __slots__ = ("trees", "views", "schema", "analyses", "readings", "read_at", "_key")
+    __slots__ = ("trees", "views", "schema", "analyses", "readings", "read_at", "cascades", "triggered", "_key")
 
     def __init__(self, trees: Trees, views: frozenset[tuple[str, str]] = frozenset(),
                  schema: Schema | None = None) -> None:
@@ -43,9 +43,13 @@ class Kin:
         self.analyses: dict[str, object] = {}   # filled by gateway.pipeline.plans
         self.readings: dict[str, str] = {}      # by plan id: what a cached answer is keyed by (plans.reading)
         self.read_at = 0.0   # wall clock when the latest read that found this schema began (SchemaCache)
+        # A referenced table -> the tables a write to it changes through foreign keys' actions.
+        self.cascades = {} if schema is None else schema.cascades
+        # The tables whose triggers or rules a write fires: they may write any table.
+        self.triggered: frozenset[tuple[str, str]] = frozenset() if schema is None else schema.triggered
         self._key = None if schema is None else (
             schema.relations, schema.parents, schema.functions, schema.search_path, schema.operators,
-            schema.extension_relations)
+            schema.extension_relations, schema.cascades, schema.triggered)
 
     def get(self, table: tuple[str, str], default: tuple = ()) -> tuple[tuple[str, str], ...]:
         return self.trees.get(table, default)
@@ -125,16 +129,23 @@ class Schema:
     the symbol of each operator that is not built in (``&&``) to the names of the functions
     behind it: an operator is a call of its function, written another way.
     ``extension_relations`` are the relations an extension owns (``pg_stat_statements``):
-    the server's, like the catalogs, whatever schema they were installed in.
+    the server's, like the catalogs, whatever schema they were installed in. ``cascades`` maps
+    a table that foreign keys reference with an action (``ON DELETE CASCADE``, ``SET NULL``,
+    ``SET DEFAULT``, or the same ``ON UPDATE``) to the referencing tables: a write to it may
+    change their rows, though the statement does not name them (the response cache's
+    invalidation follows it). ``triggered``: the tables with a trigger or a rule of a user's,
+    which a write to them fires and which may write any table.
     """
 
-    __slots__ = ("relations", "views", "parents", "functions", "search_path", "operators", "extension_relations")
+    __slots__ = ("relations", "views", "parents", "functions", "search_path", "operators", "extension_relations",
+                 "cascades", "triggered")
 
     def __init__(self, relations: Mapping[str, Sequence[str]], views: Iterable[str] = (),
                  parents: Mapping[str, Sequence[str]] | None = None,
                  functions: Iterable[str] | None = None, search_path: Sequence[str] | None = None,
                  operators: Mapping[str, Iterable[str]] | None = None,
-                 extension_relations: Iterable[str] = ()) -> None:
+                 extension_relations: Iterable[str] = (),
+                 cascades: Mapping[str, Sequence[str]] | None = None, triggered: Iterable[str] = ()) -> None:
         rel: dict[tuple[str, str], tuple[str, ...]] = {}
         for name, columns in relations.items():
             parts = split_qname(name)
@@ -151,6 +162,9 @@ class Schema:
         self.search_path = tuple(search_path) if search_path else None
         self.operators = {symbol: tuple(sorted(set(names))) for symbol, names in (operators or {}).items()}
         self.extension_relations = frozenset(self._key(r) for r in extension_relations)
+        self.cascades = {self._key(referenced): tuple(sorted({self._key(r) for r in referencing}))
+                         for referenced, referencing in (cascades or {}).items()}
+        self.triggered = frozenset(self._key(t) for t in triggered)
 
     def kinship(self) -> Kin:
         """The trees and views as they are now (``Kin``), for the planner."""
@@ -168,13 +182,15 @@ class Schema:
                 "functions": sorted(self.functions) if self.functions is not None else None,
                 "search_path": list(self.search_path) if self.search_path else None,
                 "operators": {symbol: list(names) for symbol, names in sorted(self.operators.items())},
-                "extension_relations": sorted(qname(*r) for r in self.extension_relations)}
+                "extension_relations": sorted(qname(*r) for r in self.extension_relations),
+                "cascades": {qname(*k): [qname(*r) for r in v] for k, v in sorted(self.cascades.items())},
+                "triggered": sorted(qname(*t) for t in self.triggered)}
 
     @classmethod
     def from_doc(cls, doc: Mapping) -> Schema:
         return cls(doc["relations"], doc.get("views") or (), doc.get("parents") or None,
                    doc.get("functions"), doc.get("search_path"), doc.get("operators") or None,
-                   doc.get("extension_relations") or ())
+                   doc.get("extension_relations") or (), doc.get("cascades") or None, doc.get("triggered") or ())
 
     @classmethod
     def coerce(cls, value: object) -> Schema:
@@ -209,6 +225,32 @@ SELECT cn.nspname, c.relname, pn.nspname, p.relname
   JOIN pg_catalog.pg_namespace cn ON cn.oid = c.relnamespace
   JOIN pg_catalog.pg_class p ON p.oid = up.parent
   JOIN pg_catalog.pg_namespace pn ON pn.oid = p.relnamespace
+"""
+
+# Foreign keys with an action: the referenced table, then the referencing one.
+_CASCADES_SQL = """
+SELECT dn.nspname, d.relname, rn.nspname, r.relname
+  FROM pg_catalog.pg_constraint k
+  JOIN pg_catalog.pg_class d ON d.oid = k.confrelid
+  JOIN pg_catalog.pg_namespace dn ON dn.oid = d.relnamespace
+  JOIN pg_catalog.pg_class r ON r.oid = k.conrelid
+  JOIN pg_catalog.pg_namespace rn ON rn.oid = r.relnamespace
+ WHERE k.contype = 'f' AND (k.confdeltype IN ('c', 'n', 'd') OR k.confupdtype IN ('c', 'n', 'd'))
+"""
+
+# Tables with a trigger of a user's (not a foreign key's own) or a rule (not a view's).
+_TRIGGERED_SQL = """
+SELECT n.nspname, c.relname
+  FROM pg_catalog.pg_trigger t
+  JOIN pg_catalog.pg_class c ON c.oid = t.tgrelid
+  JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+ WHERE NOT t.tgisinternal
+UNION
+SELECT n.nspname, c.relname
+  FROM pg_catalog.pg_rewrite r
+  JOIN pg_catalog.pg_class c ON c.oid = r.ev_class
+  JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+ WHERE r.rulename <> '_RETURN'
 """
 
 _FUNCTIONS_SQL = """
@@ -276,7 +318,14 @@ def load_schema(conn: psycopg2.extensions.connection, search_path: Sequence[str]
             operators.setdefault(symbol, []).append(function)
         cur.execute(_EXTENSION_RELATIONS_SQL)
         extension_relations = [qname(nsp, rel) for nsp, rel in cur.fetchall()]
+        cur.execute(_CASCADES_SQL)
+        cascades: dict[str, list[str]] = {}
+        for dn, d, rn, r in cur.fetchall():
+            cascades.setdefault(qname(dn, d), []).append(qname(rn, r))
+        cur.execute(_TRIGGERED_SQL)
+        triggered = [qname(nsp, rel) for nsp, rel in cur.fetchall()]
         if search_path is None:
             cur.execute("SELECT current_schemas(false)")
             search_path = tuple(cur.fetchone()[0])
-    return Schema(relations, views, parents, functions, search_path, operators, extension_relations)
+    return Schema(relations, views, parents, functions, search_path, operators, extension_relations, cascades,
+                  triggered)

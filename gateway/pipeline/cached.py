@@ -97,7 +97,7 @@ def purge_summary(reply: dict) -> str:
     pending = reply.get("pending") or ()
     workers = reply.get("workers")
     acked = "?" if workers is None else str(max(0, workers - len(pending)))
-    state = "degraded" if reply.get("degraded") else f"pending={len(pending)}"
+    state = "degraded" if reply.get("degraded") or reply.get("shared") == "unreachable" else f"pending={len(pending)}"
     return f"acked={acked}; {state}; ms={reply.get('waited_ms', 0):.1f}"
 
 

@@ -149,7 +149,10 @@ class Pipeline:
                     result = call.page(pool, subject, bound, size, args.page, timeout_ms)
                     rows = send_page(resp, args, size, plan, result, write)
                     if write and self._cache is not None:   # before the write is answered (see gateway.cache)
-                        purged = self._cache.written(catalog, call.connection, subject.analysis)  # type: ignore[arg-type]
+                        # The catalog now, not the call's: a cached query published while the
+                        # write ran may have cached what it read before the write committed.
+                        purged = self._cache.written(self._holder.catalog, call.connection,  # type: ignore[arg-type]
+                                                     subject.analysis, kin)
                         if purged is not None:
                             resp.set_header("X-Cache-Invalidated", purge_summary(purged))
             for header, value in limits:
