@@ -40,8 +40,12 @@ slot ends its shard subscriptions): the thread reconnects to the new master with
 ``min(lease, 0.5 s)`` of it answering, and reloads.
 
 Bounds: a management call waits at most ``min(sync timeout, lease + ping)`` for a silent
-worker; when Redis cannot be reached to publish, it waits out one lease so every worker
-has fallen back to checking the store before the call returns.
+worker. When Redis does not take the publish (down, stalled past the client's timeout, full),
+the call publishes again until it does, for at most one lease and ping: a worker whose
+heartbeats Redis answered around a short stall kept its lease and must still hear the change.
+Past that the call returns ``degraded`` (every worker that heard nothing meanwhile has fallen
+back to checking the store) and a thread keeps publishing the newest such generation until
+Redis takes it.
 """
 from __future__ import annotations
 
@@ -67,6 +71,10 @@ CHANNEL = PREFIX + "invalidate"
 ACKS = PREFIX + "acks"
 ALIVE = PREFIX + "alive"
 GENERATION = PREFIX + "generation"
+# A change Redis did not take is published again: first after REPUBLISH_S, doubling up to
+# REPUBLISH_MAX_S (a Redis that is down refuses at once; one that stalls, within its timeout).
+REPUBLISH_S = 0.05
+REPUBLISH_MAX_S = 0.4
 
 # Heartbeat in Redis time, so every host compares against one clock.
 _HEARTBEAT = """
@@ -135,6 +143,8 @@ class RedisBus:
         self._polled_at = 0.0      # when that poll started (time.monotonic())
         self._live_seen = 0
         self._polling = False
+        self._behind = 0           # a generation Redis did not take, published again by a thread
+        self._behind_thread: threading.Thread | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.connected = False
@@ -199,19 +209,18 @@ class RedisBus:
     # --- management side ---------------------------------------------------------------
     def announce(self, generation: int) -> dict:
         started = time.monotonic()
-        try:
-            pipe = self._redis.pipeline(transaction=False)
-            pipe.set(GENERATION, generation)
-            self._link.publish(pipe, CHANNEL, generation)
-            pipe.execute()
-            published = time.monotonic()
-        except redis.RedisError as exc:
-            # Nobody can be told: wait until every lease has run out, so every worker checks
-            # the store before serving again.
-            log.warning("bus: cannot publish generation %d (%s); waiting out the lease", generation, exc)
-            time.sleep(self._lease_s + self._ping_s)
-            return {"workers": None, "waited_ms": (time.monotonic() - started) * 1000, "degraded": True}
-        deadline = started + self._sync_timeout_s
+        if not self._publish(generation):
+            # Nobody was told. Waiting out one lease is not enough: a worker whose heartbeats Redis
+            # answered before and after a short stall keeps its lease, and would serve the old
+            # catalog (a revoked key) until the next change. So the change is published again
+            # until Redis takes it; past one lease, by a thread behind the call (a worker that
+            # heard nothing meanwhile has stopped trusting its catalog by then).
+            log.warning("bus: cannot publish generation %d; publishing it again", generation)
+            if not self._publish_until(generation, started + self._lease_s + self._ping_s):
+                self._publish_behind(generation)
+                return {"workers": None, "waited_ms": (time.monotonic() - started) * 1000, "degraded": True}
+        published = time.monotonic()
+        deadline = published + self._sync_timeout_s
         try:
             live = self._wait_acks(generation, published, deadline)
             pending: list = [] if live is not None else self._acks(keys=[ALIVE, ACKS], args=[generation])[2]
@@ -220,6 +229,48 @@ class RedisBus:
             return {"workers": None, "waited_ms": (time.monotonic() - started) * 1000, "degraded": True}
         return {"workers": self._live_seen if live is None else live, "pending": [p.decode() for p in pending],
                 "waited_ms": (time.monotonic() - started) * 1000}
+
+    def _publish(self, generation: int) -> bool:
+        """One try: the generation set and published; whether Redis took it."""
+        try:
+            pipe = self._redis.pipeline(transaction=False)
+            pipe.set(GENERATION, generation)
+            self._link.publish(pipe, CHANNEL, generation)
+            pipe.execute()
+            return True
+        except redis.RedisError:
+            return False
+
+    def _publish_until(self, generation: int, deadline: float) -> bool:
+        delay = REPUBLISH_S
+        while time.monotonic() + delay < deadline:
+            time.sleep(delay)
+            if self._publish(generation):
+                return True
+            delay = min(delay * 2, REPUBLISH_MAX_S)
+        return False
+
+    def _publish_behind(self, generation: int) -> None:
+        """Publish the newest generation not yet published again, on one thread, until Redis
+        takes it (an older one is covered by a newer: a worker reloads up to the store's newest)."""
+        with self._waits:
+            self._behind = max(self._behind, generation)
+            if self._behind_thread is not None:
+                return
+            self._behind_thread = threading.Thread(target=self._run_behind, name="gateway-bus-republish",
+                                                   daemon=True)
+            self._behind_thread.start()
+
+    def _run_behind(self) -> None:
+        while not self._stop.wait(REPUBLISH_MAX_S):
+            with self._waits:
+                generation = self._behind
+            if self._publish(generation):
+                log.info("bus: generation %d published after Redis came back", generation)
+                with self._waits:
+                    if self._behind == generation:
+                        self._behind_thread = None
+                        return
 
     def _wait_acks(self, generation: int, published: float, deadline: float) -> int | None:
         """Wait until every live worker acknowledged ``generation`` or a later one; the live

@@ -5,8 +5,6 @@ serving from memory and filling from the shared tier, so a purge that Redis did 
 be delivered once it answers again, not merely waited out."""
 from __future__ import annotations
 
-import os
-import signal
 import threading
 import time
 
@@ -16,6 +14,7 @@ import pytest
 from fleet.app import create_app
 from gateway.settings import Settings
 from helpers.api import Api
+from helpers.services import stalled
 from helpers.util import ADMIN_KEY, SECRET_KEY, wait_until
 
 pytestmark = pytest.mark.slow
@@ -39,19 +38,6 @@ def pair(private_services, tmp_path):
     yield made[0], made[1], *(Api.in_process(falcon.testing.TestClient(a), private_services) for a in made)
     for app in made:
         app.parts.close()
-
-
-def stalled(private_services, seconds: float) -> threading.Thread:
-    """Redis stopped now and continued ``seconds`` later (on a thread of its own)."""
-    pid = int(private_services.redis.pid_file.read_text())
-    os.kill(pid, signal.SIGSTOP)
-
-    def resume():
-        time.sleep(seconds)
-        os.kill(pid, signal.SIGCONT)
-    thread = threading.Thread(target=resume)
-    thread.start()
-    return thread
 
 
 @pytest.fixture

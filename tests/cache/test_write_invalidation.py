@@ -199,7 +199,11 @@ def test_a_write_invalidates_what_read_a_table_that_has_become_a_view_of_it(writ
               db="demo")
     write = api.query(f"UPDATE {table}_moved SET v = 'new' WHERE id = 1", connection=connection)
     secret = api.key([read, write], [connection], allow_writes=True)
-    assert api.call(read, secret).headers["X-Cache"] == "hit"
+    # Cached again under the schema as it is now, if the worker has read it since (the entry is
+    # keyed by what the version's columns are under it: gateway.pipeline.plans.reading).
+    assert values(api.call(read, secret)) == ["old"]
+    cached = api.call(read, secret)
+    assert cached.headers["X-Cache"] == "hit" and values(cached) == ["old"]
     wrote = api.call(write, secret)
     assert wrote.status == 200 and wrote.headers.get("X-Rows-Affected") == "1", wrote
     after = api.call(read, secret)

@@ -13,6 +13,9 @@ see the top of ``conftest.py``.
 from __future__ import annotations
 
 import os
+import signal
+import threading
+import time
 from pathlib import Path
 
 import psycopg2
@@ -122,3 +125,17 @@ def start_services(home: Path, pg_port: int, redis_port: int, demo: bool = False
         services.stop()
         raise
     return services
+
+
+def stalled(services: Services, seconds: float) -> threading.Thread:
+    """``services``' Redis stopped now (SIGSTOP: its data and connections survive) and continued
+    ``seconds`` later, on a thread of its own (join it)."""
+    pid = int(services.redis.pid_file.read_text())
+    os.kill(pid, signal.SIGSTOP)
+
+    def resume():
+        time.sleep(seconds)
+        os.kill(pid, signal.SIGCONT)
+    thread = threading.Thread(target=resume)
+    thread.start()
+    return thread
