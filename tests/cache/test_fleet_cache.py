@@ -10,29 +10,8 @@ import time
 import pytest
 import requests
 
-from helpers.api import Api
 from helpers.load import Load, statuses
-from helpers.masters import Master
 from helpers.util import unique
-
-WORKERS = 4
-
-
-@pytest.fixture(scope="module")
-def master(services, tmp_path_factory, app):
-    fleet = Master(services, tmp_path_factory.mktemp("cache-master"), workers=WORKERS, cache_shared="on",
-                   allow_writes="on")
-    try:
-        yield fleet.start(90)
-    finally:
-        fleet.stop()
-
-
-@pytest.fixture
-def fleet_api(master, services):
-    api = Api.over_http(master.base, services)
-    yield api
-    api.close()
 
 
 @pytest.fixture
@@ -127,7 +106,7 @@ def test_a_write_through_the_gateway_reaches_every_worker_before_it_is_answered(
     # Redis) before it answered, except when that took longer than GATEWAY_CACHE_WRITE_WAIT_MS (100 ms):
     # then the late worker dropped the entries within (its ack time - 100 ms) after the answer. On this
     # 2-core machine under the load above (and other suites) that happened to 0-8 writes in a hundred.
-    assert all(int(p["acked"]) + int(p["pending"]) >= WORKERS for p in purges), purges[:3]
+    assert all(int(p["acked"]) + int(p["pending"]) >= master.workers for p in purges), purges[:3]
     assert len(late) <= 25, late
     assert len(calls) > 300 and not stale, (len(calls), stale[:5])
 

@@ -8,32 +8,10 @@ import os
 import signal
 import time
 
-import pytest
 import requests
 
-from helpers.api import Api
 from helpers.load import Load, statuses
-from helpers.masters import Master
 from helpers.util import unique
-
-WORKERS = 4
-
-
-@pytest.fixture(scope="module")
-def master(services, tmp_path_factory, app):
-    fleet = Master(services, tmp_path_factory.mktemp("cache-attacks"), workers=WORKERS, cache_shared="on",
-                   allow_writes="on")
-    try:
-        yield fleet.start(90)
-    finally:
-        fleet.stop()
-
-
-@pytest.fixture
-def fleet_api(master, services):
-    api = Api.over_http(master.base, services)
-    yield api
-    api.close()
 
 
 def stale_calls(calls, answered) -> list:
