@@ -22,22 +22,28 @@ pytestmark = pytest.mark.slow
 LEASE_MS = 3000
 
 
+def _apps(private_services, tmp_path, **settings):
+    """A serving and a purging app on this module's servers with ``settings``, once their cache
+    buses are fresh: (the apps, an API client of each); closed after."""
+    made = [create_app(Settings(
+        database_url=private_services.store_url, redis_url=private_services.redis_url, admin_key=ADMIN_KEY,
+        secret_key=SECRET_KEY, home=str(tmp_path / name), log_level="error", cache_shared="on",
+        sync_timeout_ms=1000, allow_writes=True, **settings)) for name in ("serving", "purging")]
+    for app in made:
+        wait_until(lambda a=app: a.parts.cache._sync.fresh(), 10, what="the cache bus")
+    try:
+        yield made, [Api.in_process(falcon.testing.TestClient(a), private_services) for a in made]
+    finally:
+        for app in made:
+            app.parts.close()
+
+
 @pytest.fixture
 def pair(private_services, tmp_path):
     """(serving app, purging app, an API client of each)."""
-    made = []
-    for name in ("serving", "purging"):
-        settings = Settings(database_url=private_services.store_url, redis_url=private_services.redis_url,
-                            admin_key=ADMIN_KEY, secret_key=SECRET_KEY, home=str(tmp_path / name),
-                            log_level="error", cache_shared="on", freshness_lease_ms=LEASE_MS, bus_ping_ms=100,
-                            sync_timeout_ms=1000, allow_writes=True, allow_functions="pg_sleep")
-        app = create_app(settings)
-        made.append(app)
-    for app in made:
-        wait_until(lambda a=app: a.parts.cache._sync.fresh(), 10, what="the cache bus")
-    yield made[0], made[1], *(Api.in_process(falcon.testing.TestClient(a), private_services) for a in made)
-    for app in made:
-        app.parts.close()
+    for (serving, purging), apis in _apps(private_services, tmp_path, freshness_lease_ms=LEASE_MS, bus_ping_ms=100,
+                                          allow_functions="pg_sleep"):
+        yield serving, purging, *apis
 
 
 @pytest.fixture
@@ -148,17 +154,8 @@ def test_a_purge_redis_refused_for_lack_of_memory_is_not_undone_by_the_shared_ti
 @pytest.fixture
 def slow_ping(private_services, tmp_path):
     """(serving app, its API, purging app's API): bus pings every 2 s, a lease of 6 s."""
-    made = []
-    for name in ("serving", "purging"):
-        made.append(create_app(Settings(
-            database_url=private_services.store_url, redis_url=private_services.redis_url, admin_key=ADMIN_KEY,
-            secret_key=SECRET_KEY, home=str(tmp_path / name), log_level="error", cache_shared="on",
-            freshness_lease_ms=6000, bus_ping_ms=2000, sync_timeout_ms=1000, allow_writes=True)))
-    for app in made:
-        wait_until(lambda a=app: a.parts.cache._sync.fresh(), 10, what="the cache bus")
-    yield made[0], *(Api.in_process(falcon.testing.TestClient(a), private_services) for a in made)
-    for app in made:
-        app.parts.close()
+    for (serving, _), apis in _apps(private_services, tmp_path, freshness_lease_ms=6000, bus_ping_ms=2000):
+        yield serving, *apis
 
 
 def test_a_write_whose_purge_redis_missed_in_a_stall_reaches_every_worker_within_the_lease(slow_ping,
