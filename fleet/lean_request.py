@@ -39,6 +39,11 @@ from gunicorn.util import unquote_to_wsgi_str
 
 from fleet.lean import nothing_to_drain
 
+# The environ key of a GET the application may be asked for again (``replayable``): the
+# application's ``gateway.pipeline.from_memory.REPLAYABLE`` (a test holds them equal). Not
+# imported from there: this module is loaded by the master, which must not load the application.
+REPLAYABLE = "gateway.replayable"
+
 # The request line of a plain head. The target's bytes are gunicorn's (printable ASCII) less
 # '#' (a fragment: urllib's split applies) and a leading '//' (split_request_uri's special case).
 _REQUEST_LINE = re.compile(rb"(GET|HEAD) (/(?!/)[\x21\x22\x24-\x7e]*) HTTP/1\.1")
@@ -175,6 +180,27 @@ class LeanParser(RequestParser):
         return request
 
 
+def replayable(req: LeanRequest) -> tuple[tuple, str | None] | None:
+    """A GET the application may have answered from memory before (``REPLAYABLE``): no
+    Cache-Control (which may ask for the database), one X-API-Key at most. (its header fields
+    but X-API-Key, as received; the key's secret)"""
+    if req.method != "GET":
+        return None
+    fields = []
+    secret = None
+    for field in req.headers:
+        name = field[0]
+        if name == "X-API-KEY":
+            if secret is not None:
+                return None
+            secret = field[1]
+        elif name == "CACHE-CONTROL":
+            return None
+        else:
+            fields.append(field)
+    return tuple(fields), secret
+
+
 def plain_environ(req: LeanRequest, sock: Any, client: Any, server: Any, cfg: Any, resp: Any,
                   errors: WSGIErrorsWrapper) -> dict:
     """``gunicorn.http.wsgi.create``'s environ for a plain head (``req.plain``), made directly:
@@ -214,5 +240,8 @@ def plain_environ(req: LeanRequest, sock: Any, client: Any, server: Any, cfg: An
     environ["PATH_INFO"] = unquote_to_wsgi_str(req.path)
     environ["SCRIPT_NAME"] = ""
     environ["wsgi.early_hints"] = _make_early_hints_callback(req, sock, resp)
+    head = replayable(req)
+    if head is not None:
+        environ[REPLAYABLE] = (req.uri, head[0])
     return environ
 

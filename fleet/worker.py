@@ -62,7 +62,7 @@ from gunicorn.http import wsgi
 from gunicorn.workers.gthread import ThreadWorker
 
 from fleet.lean import FrozenConfig, LeanResponse, nothing_to_drain
-from fleet.lean_request import LeanParser, plain_environ, plain_heads_allowed
+from fleet.lean_request import LeanParser, plain_environ, plain_heads_allowed, replayable
 from fleet.slots import BOOTING, LEAVING, SERVING, Slots
 
 SLACK = 1                 # connections a worker may hold above the least loaded sibling
@@ -115,7 +115,7 @@ class BalancedThreadWorker(ThreadWorker):
         self._notified_at = -math.inf
         self._plain_heads = plain_heads_allowed(self.cfg)
         self._errors = wsgi.WSGIErrorsWrapper(self.cfg)   # what wsgi.create makes per request
-        self._from_memory: Callable[[str, str | None], bool] | None = None   # set in run()
+        self._from_memory: Callable[[str, tuple, str, str | None], Any] | None = None   # set in run()
 
     def notify(self) -> None:
         """gunicorn's heartbeat, a utime(2) of the worker's temporary file, ran on every turn of
@@ -389,36 +389,49 @@ class BalancedThreadWorker(ThreadWorker):
 
     def _answered_here(self, conn: Any, client: Any) -> bool:
         """A kept-alive connection's next request, answered on this loop instead of a thread when
-        the application can answer it from memory alone (gateway/pipeline/from_memory.py): a
-        thread would only add its hand-offs. The request must have arrived whole and plain
-        (``LeanParser.read_ready``; what was read otherwise goes to a thread as usual), be a GET
-        without Cache-Control (which may ask for the database), and be known to the application.
-        The answer is written without waiting: what the socket does not take at once is sent
-        by a thread (``_LoopWriter``). Everything else is gthread's own ``handle`` and
-        ``finish_request``, as on a thread."""
+        the application answers it from memory alone (gateway/pipeline/from_memory.py): a thread
+        would only add its hand-offs. The request must have arrived whole and plain
+        (``LeanParser.read_ready``; what was read otherwise goes to a thread as usual) and be a
+        GET the application may have seen before (``replayable``). The answer goes out as
+        ``_serve`` sends one (``LeanResponse``, the same keep-alive rules), written without
+        waiting: what the socket does not take at once is sent by a thread (``_LoopWriter``)."""
         parser = conn.parser
         if type(parser) is not LeanParser:
             return False
         req = parser.read_ready()
-        if req is None or req.method != "GET":
+        if req is None:
             return False
-        secret = None
-        for name, value in req.headers:
-            if name == "X-API-KEY":
-                secret = value
-            elif name == "CACHE-CONTROL":
-                return False
+        head = replayable(req)
+        if head is None:
+            return False
         assert self._from_memory is not None
-        if not self._from_memory(req.uri, secret):
+        try:
+            answer = self._from_memory(req.uri, head[0], conn.client[0], head[1])
+        except Exception:   # a defect there must not stop the loop: a thread answers the call
+            self.log.exception("answering from memory")
             return False
+        if answer is None:
+            return False
+        parser.ready = None                       # answered here: not a thread's next request
         self.poller.unregister(client)
         self.keepalived_conns.remove(conn)
-        sock = conn.sock
-        writer = conn.sock = _LoopWriter(sock)
+        self._mark_for_shedding(req, conn)
+        self.nr += 1
+        writer = _LoopWriter(conn.sock)
+        resp = LeanResponse(req, writer, self.cfg)
+        keep = False
         try:
-            keep = self.handle(conn)
-        finally:
-            conn.sock = sock
+            self.cfg.pre_request(self, req)
+            if not self.alive or not self.cfg.keepalive or len(self.keepalived_conns) >= self.max_keepalived:
+                resp.force_close()
+            resp.start_response(answer.status, answer.headers)
+            if answer.body:
+                resp.write(answer.body)
+            resp.close()
+            keep = not resp.should_close()
+            self.cfg.post_request(self, req, {}, resp)
+        except Exception:
+            self.log.exception("Error handling request")
         if writer.pending:
             future = self.tpool.submit(writer.send_rest, keep)
             future.add_done_callback(lambda done: self.method_queue.defer(self.finish_request, conn, done))
@@ -428,6 +441,10 @@ class BalancedThreadWorker(ThreadWorker):
 
     # --- moving connections --------------------------------------------------------------------
     def handle_request(self, req: Any, conn: Any) -> bool:
+        self._mark_for_shedding(req, conn)
+        return self._serve(req, conn)
+
+    def _mark_for_shedding(self, req: Any, conn: Any) -> None:
         if self._shed > 0 and not getattr(conn, "gw_shed", False):
             with self._shed_lock:
                 if self._shed > 0:
@@ -435,7 +452,6 @@ class BalancedThreadWorker(ThreadWorker):
                     self._marked += 1
                     conn.gw_shed = True
                     req.must_close = True         # this answer says Connection: close
-        return self._serve(req, conn)
 
     def _keepalive_after(self, conn: Any, keepalive: bool) -> bool:
         """gthread drains the rest of a request's body before keeping its connection, under a
@@ -566,9 +582,6 @@ class _LoopWriter:
                 return
             data = data[sent:]
         self.pending.append(bytes(data))
-
-    def setblocking(self, flag: bool) -> None:
-        """gthread's ``handle`` makes the socket blocking for a thread: not on the loop."""
 
     def send_rest(self, keep: bool) -> bool:
         """On a thread: what the kernel did not take; then whether to keep the connection."""

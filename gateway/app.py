@@ -43,7 +43,7 @@ from .model.state import CatalogHolder
 from .observe import AccessLog, Metrics, setup_logging
 from .pipeline import Pipeline
 from .pipeline.from_memory import FromMemory
-from .pipeline.identify import AdminIdentity
+from .pipeline.identify import AdminIdentity, admin_identity
 from .ports import Admission, AdmitAll, Events, LocalSync, Sync
 from .settings import Settings
 from .store.history import HistoryWriter
@@ -172,7 +172,8 @@ def build_app(settings: Settings, ports: Ports | None = None,
                        "bus_connected": lambda: sync.connected, "loop_answers": lambda: from_memory.answered})
     history.add_observer(metrics)
     cache = ResponseCache(settings, ports.cache_sync, ports.cache_shared, worker_name(), purges=PurgeCounter(connect))
-    from_memory = FromMemory(holder, cache, admission)
+    admin_caller = admin_identity(settings)
+    from_memory = FromMemory(holder, cache, admission, history, schemas, admin_caller)
     history.add_observer(CacheMetrics(cache, metrics.registry))
     if settings.access_log:
         history.add_observer(AccessLog(settings.access_log_sample))
@@ -197,7 +198,7 @@ def build_app(settings: Settings, ports: Ports | None = None,
 
     admin = AdminCheck(settings.admin_key, holder)   # a data key on /api/v1: 403 admin_only
     app.from_memory = from_memory
-    pipeline = Pipeline(holder, pools, history, settings, admission, cache, schemas, from_memory)
+    pipeline = Pipeline(holder, pools, history, settings, admission, cache, schemas, from_memory, admin_caller)
     app.add_route("/q/{name}", QueryResource(pipeline, settings))
     app.add_route("/execute_sql", AdHoc(pipeline, settings, schemas))
     app.add_route("/api/v1/usage/quotas", management.QuotaUsageResource(admission, holder, admin))

@@ -31,7 +31,8 @@ _ALLOWED = {("datetime", n) for n in ("datetime", "date", "time", "timedelta", "
 
 class Entry:
     __slots__ = ("digest", "query", "version", "db", "tables", "wildcard", "columns", "rows", "rowcount",
-                 "created", "expires", "expires_mono", "size", "payload", "hits", "meta", "views", "owner")
+                 "created", "expires", "expires_mono", "size", "payload", "hits", "meta", "views", "owner",
+                 "__weakref__")   # the calls answered again from memory hold it weakly (pipeline/from_memory.py)
 
     def __init__(self, digest: str, query: str, version: int, db: str, tables: frozenset[str], wildcard: bool,
                  columns: tuple[str, ...], rows: list, rowcount: int, created: float, expires: float,

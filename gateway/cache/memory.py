@@ -76,10 +76,16 @@ class MemoryCache:
             entry.hits += 1
         return entry
 
-    def holds(self, digest: str, for_s: float) -> bool:
-        """Whether ``digest`` is held and stays fresh ``for_s`` longer (a look: no hit counted)."""
-        entry = self._entries.get(digest)
-        return entry is not None and entry.expires_mono > self._clock() + for_s
+    def hit(self, entry: Entry, for_s: float) -> bool:
+        """A hit on ``entry`` itself, as ``get`` counts one: only while it is the entry held for
+        its digest (not dropped, nor replaced by a fill since) and stays fresh ``for_s`` longer."""
+        now = self._clock()
+        with self._lock:
+            if self._entries.get(entry.digest) is not entry or entry.expires_mono <= now + for_s:
+                return False
+            self._entries.move_to_end(entry.digest)
+            entry.hits += 1
+        return True
 
     def mark(self, query: str, db: str) -> tuple[int, int, int]:
         """Taken before a fill reads anything: the purges so far that could name its entry."""

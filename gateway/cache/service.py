@@ -38,7 +38,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("gateway.cache")
 
 
-# ``ready`` says no for an entry this close to its expiry: the call would likely find it gone.
+# ``replayed`` says no for an entry this close to its expiry: the call would likely find it gone.
 READY_FOR_S = 0.5
 # The largest entry the shared tier takes when this worker keeps no memory (GATEWAY_CACHE_MAX_BYTES=0).
 _SHARED_MAX = 1 << 20
@@ -147,10 +147,14 @@ class ResponseCache:
                     del self._flights[digest]
             flight.done.set()
 
-    def ready(self, digest: str) -> bool:
-        """Whether a call of ``digest`` would be answered from memory with no I/O: the bus keeps
-        this worker fresh and the entry is held, not about to expire (``READY_FOR_S``)."""
-        return self._sync.fresh() and self.memory.holds(digest, READY_FOR_S)
+    def replayed(self, entry: Entry) -> bool:
+        """A hit on ``entry``, for a call answered without ``answer`` (``gateway.pipeline.from_memory``):
+        only while the bus keeps this worker fresh (as ``answer`` serves memory) and ``entry`` is
+        still the one held for its digest, not about to expire (``READY_FOR_S``). Counted as a hit."""
+        if self._sync.fresh() and self.memory.hit(entry, READY_FOR_S):
+            self.hits += 1
+            return True
+        return False
 
     def _confirmed(self) -> bool:
         """Away from the bus: memory may serve only while the store's purge counter has not

@@ -2,8 +2,6 @@
 from __future__ import annotations
 
 import hmac
-import itertools
-import os
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
@@ -12,20 +10,15 @@ import orjson
 
 from ..errors import GatewayError, bad_request, unauthorized
 from ..pipeline.identify import identify
+from ..request_ids import new_request_id
 
 if TYPE_CHECKING:
     from ..model.state import CatalogHolder
 
-# Unique per worker without a syscall per request: a random process prefix (drawn at import,
-# which happens after the fork: the app is never preloaded) and a counter.
-_PREFIX = os.urandom(4).hex()
-_COUNTER = itertools.count(1)
-
-
 def request_id(req: falcon.Request) -> str:
     rid = req.context.get("request_id")
     if rid is None:
-        rid = req.context["request_id"] = f"{_PREFIX}-{next(_COUNTER):x}"
+        rid = req.context["request_id"] = new_request_id()
     return rid
 
 

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 from ..errors import bad_request
 from ..pipeline import RESERVED, CallArgs, SavedCall, split_reserved
 from ..pipeline.args import NO_STORE, reserved_args
-from ..pipeline.from_memory import FromMemory
+from ..pipeline.from_memory import REPLAYABLE, FromMemory
 from .common import client_ip, read_json, request_id
 
 if TYPE_CHECKING:
@@ -41,9 +41,11 @@ class QueryResource:
         control = env.get("HTTP_CACHE_CONTROL")
         if control is not None:   # most calls send none: no call for it
             reserved = _no_cache(control, reserved)
-        raw = env.get("RAW_URI")   # gunicorn's: the target as received (FromMemory learns calls by it)
-        target = None if raw is None or control is not None else FromMemory.target(raw, env.get("HTTP_X_API_KEY"))
-        self._run(req, resp, SavedCall(name, params, reserved, True, self._settings, self._defaults), target)
+        # The server's (fleet/worker.py): the head as received, for a GET it may ask for again.
+        head = env.get(REPLAYABLE)
+        request = None if head is None or control is not None else \
+            FromMemory.request(head[0], head[1], env.get("REMOTE_ADDR", ""), env.get("HTTP_X_API_KEY"))
+        self._run(req, resp, SavedCall(name, params, reserved, True, self._settings, self._defaults), request)
 
     def on_post(self, req: falcon.Request, resp: falcon.Response, name: str) -> None:
         body = read_json(req, self._settings.max_body_bytes)
@@ -59,11 +61,11 @@ class QueryResource:
             reserved = _no_cache(control, reserved)
         self._run(req, resp, SavedCall(name, params, reserved, False, self._settings, self._defaults), None)
 
-    def _run(self, req: falcon.Request, resp: falcon.Response, call: SavedCall, target: int | None) -> None:
+    def _run(self, req: falcon.Request, resp: falcon.Response, call: SavedCall, request: tuple | None) -> None:
         env = req.env
         self._pipeline.run(resp, call, request_id=request_id(req), ip=client_ip(env, self._hops),
                            secret=env.get("HTTP_X_API_KEY"), if_none_match=env.get("HTTP_IF_NONE_MATCH"),
-                           target=target)
+                           request=request)
 
 
 def _no_cache(control: str, reserved: dict) -> dict:

@@ -34,7 +34,7 @@ if TYPE_CHECKING:
 class View:
     """One entry's answer for one format and plan: ready to send."""
 
-    __slots__ = ("body", "content_type", "headers", "etag", "rows")
+    __slots__ = ("body", "content_type", "headers", "etag", "rows", "__weakref__")   # as its entry (from_memory.py)
 
     def __init__(self, body: bytes, content_type: str | None, headers: tuple[tuple[str, str], ...], etag: str,
                  rows: int) -> None:
@@ -72,23 +72,28 @@ def view_of(entry: Entry, args: CallArgs, size: int, plan: CallPlan) -> View:
     return view  # type: ignore[return-value]  # entry.views holds Views only
 
 
+def cache_headers(entry: Entry, state: str, now: float) -> tuple[tuple[str, str], ...]:
+    """What a cached answer says of its freshness, after its view's headers (the names as Falcon
+    sends them: lower case). ``max-age`` lets the caller's own cache (a browser's, a client
+    library's) keep the answer; ``Vary`` makes that cache key it by the API key too, so it never
+    hands one key's answer to a request sent with another key for the same URL (on a 304 too:
+    RFC 9110, 15.4.5)."""
+    return (("cache-control", f"private, max-age={max(0, int(entry.expires - now))}"), ("vary", "X-API-Key"),
+            ("age", str(max(0, int(now - entry.created)))), ("x-cache", state))
+
+
 def send_cached(resp: falcon.Response, args: CallArgs, size: int, plan: CallPlan, entry: Entry, state: str,
-                if_none_match: str | None, now: float | None = None) -> tuple[int, int]:
-    """(rows sent, status)."""
+                if_none_match: str | None, now: float | None = None) -> tuple[View, int]:
+    """(the view sent, the status)."""
     view = view_of(entry, args, size, plan)
-    now = time.time() if now is None else now
-    # ``max-age`` lets the caller's own cache (a browser's, a client library's) keep the answer;
-    # ``Vary`` makes that cache key it by the API key too, so it never hands one key's answer to
-    # a request sent with another key for the same URL (on a 304 too: RFC 9110, 15.4.5).
-    resp.set_headers((*view.headers, ("Cache-Control", f"private, max-age={max(0, int(entry.expires - now))}"),
-                      ("Vary", "X-API-Key"), ("Age", str(max(0, int(now - entry.created)))), ("X-Cache", state)))
+    resp.set_headers((*view.headers, *cache_headers(entry, state, time.time() if now is None else now)))
     if if_none_match and _matches(if_none_match, view.etag):
         resp.status = 304
         resp.content_type = None   # a 304 carries no content (nor its type)
-        return 0, 304
+        return view, 304
     resp.data = view.body
     resp.content_type = view.content_type
-    return view.rows, 200
+    return view, 200
 
 
 def purge_summary(reply: dict) -> str:

@@ -29,7 +29,7 @@ from ..execution import runner
 from ..model.catalog import ApiKey
 from .args import CallArgs, lower_timeout
 from .cached import purge_summary, send_cached
-from .identify import AdminIdentity, identify
+from .identify import admin_identity, identify
 from .plans import plan_for, reading
 from .shape import send_page, send_stream
 
@@ -49,6 +49,7 @@ if TYPE_CHECKING:
     from ..settings import Settings
     from ..store.history import HistoryWriter
     from .from_memory import FromMemory
+    from .identify import AdminIdentity
 
 
 class EntryPoint(Protocol):
@@ -79,7 +80,7 @@ class Pipeline:
 
     def __init__(self, holder: CatalogHolder, pools: runner.Pools, history: HistoryWriter, settings: Settings,
                  admission: Admission, cache: ResponseCache | None = None, schemas: SchemaCache | None = None,
-                 from_memory: FromMemory | None = None) -> None:
+                 from_memory: FromMemory | None = None, admin: AdminIdentity | None = None) -> None:
         self._holder = holder
         self._pools = pools
         self._history = history
@@ -89,14 +90,14 @@ class Pipeline:
         self._cache = cache
         # The connections' inheritance and partition trees as they are now, for the plans.
         self._schemas = schemas
-        self._from_memory = from_memory   # told which calls were answered from the cache (see from_memory.py)
+        self._from_memory = from_memory   # learns the calls answered from the cache (see from_memory.py)
         # The admin key runs everything on the data plane too (as QueryAPIGate's); none: nobody does.
-        self._admin = AdminIdentity(settings.admin_key, ApiKey.admin()) if settings.admin_key else None
+        self._admin = admin if admin is not None else admin_identity(settings)
 
     def run(self, resp: falcon.Response, call: EntryPoint, *, request_id: str, ip: str, secret: str | None,
-            if_none_match: str | None = None, target: int | None = None) -> None:
-        """``target``: the call as ``FromMemory.target`` names it, when the entry point may be
-        answered on the server's loop another time (a plain GET)."""
+            if_none_match: str | None = None, request: tuple | None = None) -> None:
+        """``request``: the call as ``FromMemory.request`` names it, when the server may ask for
+        it again (a plain GET): an answer from the cache is learned under it."""
         started = time.perf_counter()
         key = None
         admitted = False   # past admission: the key's quota was charged, whatever happens next
@@ -142,9 +143,11 @@ class Pipeline:
                     entry, state = self._cache.answer(subject, bound, args.page, size, lambda: call.page(
                         pool, subject, bound, size, args.page, timeout_ms), not args.cache, args.store,
                         reading(subject, settings, kin))
-                    rows, status = send_cached(resp, args, size, plan, entry, state, if_none_match)
-                    if target is not None and state != "bypass" and self._from_memory is not None:
-                        self._from_memory.learn(target, catalog, key, entry.digest)
+                    view, status = send_cached(resp, args, size, plan, entry, state, if_none_match)
+                    rows = view.rows if status == 200 else 0
+                    if request is not None and state != "bypass" and self._from_memory is not None:
+                        self._from_memory.learn(request, catalog, key, ip, call.connection,  # type: ignore[arg-type]
+                                                kin, entry, view, status, call.name, call.version)
                 else:
                     result = call.page(pool, subject, bound, size, args.page, timeout_ms)
                     rows = send_page(resp, args, size, plan, result, write)

@@ -1,73 +1,178 @@
-"""Which calls this worker can answer from its memory alone, with no I/O: asked by the server
-before it hands a request to a thread.
+"""Calls this worker answers again from its memory alone, on the server's loop, without the
+pipeline: asked by the server (fleet/worker.py) before it hands a request to a thread.
 
-A worker's threads are there to wait on I/O (a database round trip, Redis). A call answered
-from this worker's cache waits on nothing, and handing it to a thread and its answer back (a
-queue, a wake-up, a callback, the socket unregistered and registered again) cost about 12 us
-of a cache hit's ~96 us of CPU (one worker, 32 keep-alive connections). So the server's loop
-answers such a call itself (fleet/worker.py), and asks ``FromMemory`` whether a request is one.
+Why: a cache hit waits on nothing, yet through gunicorn's thread hand-off, Falcon and the
+pipeline it cost about 93 us of a worker's CPU, against 117 for a call that asks the
+database (one worker, 32 keep-alive connections): the cache saved little. Nearly all of a
+hit's work repeats what the same request's previous hit already worked out.
 
-It is a guess about *where* a call runs, never about *what* it answers: the call then goes
-through the whole pipeline like any other (identify, admit, plan, cache, record), on the
-loop's thread. The guess is yes only when all of these hold, each a look at memory:
+What: a hit through the pipeline (``Pipeline.run``) is *learned* under its request exactly as
+it arrived: its target, every header field but ``X-API-Key`` (in order, as sent), the peer's
+address, and the key's secret only as Python's ``hash`` of it (``request``). The same request
+again is *answered* (``__call__``) with what the pipeline would answer, re-deciding every part
+that can change between two such calls:
 
-- this worker answered the same target (path and query string, as received) for the same
-  key from its cache before (``learn``, called by the pipeline; the key's secret is kept only
-  inside a hash, as Python's ``hash`` of the pair);
-- the catalog is the snapshot it was answered with, and fresh (``CatalogHolder.fresh``): no
-  change since, and no store read needed to serve it;
-- the cache's bus keeps this worker fresh and the entry is held, not about to expire
-  (``ResponseCache.ready``);
-- admitting that key needs no shared state (``Admission.local``: no rate limit, quota or
-  ``max_concurrent`` on the key, no per-client limit): nothing to ask Redis.
+=================  =======================================================================
+pipeline stage     here, per call
+=================  =======================================================================
+1 identify         ``identify`` itself, on the secret sent, against the catalog snapshot
+                   the call was learned under, which must still be this worker's and fresh
+                   (``CatalogHolder.fresh``): a key revoked, disabled, narrowed or expired
+                   (a new snapshot, or ``identify``'s own clock checks) is not answered here
+2 admit            learned only for a key whose admission never needs shared state
+                   (``Admission.local``: no rate limit, quota, ``max_concurrent``, or
+                   per-client limit): nothing to count
+3 plan             the same snapshot, key and schema trees (``SchemaCache.kin``, the same
+                   object while unchanged): the plan, and so its masks and ``max_rows``, is
+                   the one the learned call was answered with
+4 bind, cache      the same target: the same values, so the same entry; that entry must still
+                   be held, not purged or refilled since, and fresh a while longer, while the
+                   cache's bus keeps this worker fresh (``ResponseCache.replayed``, which
+                   counts the hit as ``answer`` does)
+6 shape            the learned view (the body this plan makes of the entry); ``If-None-Match``
+                   is a header, so its 200 or 304 is the learned one; the freshness headers
+                   are made now (``cached.cache_headers``)
+7 record           ``Admission.settle`` and the history's record, as ``Pipeline.run`` does
+=================  =======================================================================
 
-A wrong guess (a purge between the guess and the call) makes that one call's database round
-trip on the loop. The learned targets are bounded (``MAX_LEARNED``: emptied when full).
+then the headers Falcon and the middleware add (``content-type``, ``x-request-id`` (a new
+id), ``content-length``), in Falcon's order: tests/pipeline/test_from_memory.py holds the
+answer here byte for byte against the pipeline's for the same request. Anything else (no
+such call learned, or any check above saying no) returns None: the server hands the request
+to a thread, and the pipeline answers it.
+
+What is learned never holds memory the cache has let go, nor old catalogs: a learned call
+holds its entry and view weakly (an entry dropped from the cache is freed as before, and its
+calls are answered by the pipeline again), all of them were learned under one catalog snapshot
+(learning under another empties the table first), and there are at most ``MAX_LEARNED``
+(emptied when full).
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import time
+import weakref
+from typing import TYPE_CHECKING, NamedTuple
+
+from ..errors import GatewayError
+from ..request_ids import new_request_id
+from .cached import cache_headers
+from .identify import identify
 
 if TYPE_CHECKING:
-    from ..cache import ResponseCache
-    from ..model.catalog import ApiKey, Catalog
+    from ..cache import Entry, ResponseCache
+    from ..governance.schema import Kin
+    from ..governance.schema_cache import SchemaCache
+    from ..model.catalog import ApiKey, Catalog, Connection
     from ..model.state import CatalogHolder
     from ..ports import Admission
+    from ..store.history import HistoryWriter
+    from .cached import View
+    from .identify import AdminIdentity
 
 MAX_LEARNED = 10_000
+# Set by the server (fleet/worker.py) on a plain GET without Cache-Control: the head as received,
+# (target, the header fields but X-API-Key), for FromMemory.request.
+REPLAYABLE = "gateway.replayable"
+STATUS_LINES = {200: "200 OK", 304: "304 Not Modified"}
+
+Headers = list[tuple[str, str]]
+
+
+class Answer(NamedTuple):
+    """What the server sends: a WSGI status line, the application's headers, the body."""
+
+    status: str
+    headers: Headers
+    body: bytes
+
+
+class _Learned:
+    """A call answered from the cache by the pipeline, and what its answer was made of."""
+
+    __slots__ = ("catalog", "key", "ip", "connection", "kin", "entry", "view", "status", "name", "version", "rows",
+                 "view_headers", "content_type")
+
+    def __init__(self, catalog: Catalog, key: ApiKey, ip: str, connection: Connection, kin: Kin | None,
+                 entry: Entry, view: View, status: int, name: str, version: int | None) -> None:
+        self.catalog = catalog
+        self.key = key
+        self.ip = ip                        # the client address the pipeline identified it from
+        self.connection = connection
+        self.kin = kin
+        self.entry = weakref.ref(entry)
+        self.view = weakref.ref(view)       # the entry holds it (``Entry.views``)
+        self.status = status
+        self.name = name
+        self.version = version
+        self.rows = view.rows if status == 200 else 0
+        self.view_headers = tuple((name.lower(), value) for name, value in view.headers)
+        # A 304 carries no content and no type (``send_cached``); Falcon's default type otherwise.
+        self.content_type = None if status == 304 else (view.content_type or "application/json")
 
 
 class FromMemory:
-    __slots__ = ("_learned", "_holder", "_cache", "_admission", "answered")
+    __slots__ = ("_learned", "_catalog", "_holder", "_cache", "_admission", "_history", "_schemas", "_admin",
+                 "answered")
 
-    def __init__(self, holder: CatalogHolder, cache: ResponseCache, admission: Admission) -> None:
-        self._learned: dict[int, tuple[Catalog, str]] = {}
+    def __init__(self, holder: CatalogHolder, cache: ResponseCache, admission: Admission, history: HistoryWriter,
+                 schemas: SchemaCache | None = None, admin: AdminIdentity | None = None) -> None:
+        self._learned: dict[tuple, _Learned] = {}
+        self._catalog: Catalog | None = None    # the snapshot every learned call was answered under
         self._holder = holder
         self._cache = cache
         self._admission = admission
-        self.answered = 0   # the calls it said yes to: the loop answered them (/metrics)
+        self._history = history
+        self._schemas = schemas
+        self._admin = admin
+        self.answered = 0   # the calls answered here (/metrics: gateway_loop_answers_total)
 
     @staticmethod
-    def target(raw_target: str, secret: str | None) -> int:
-        """What a call is learned and recognised by: its target as received and its key."""
-        return hash((raw_target, secret))
+    def request(target: str, fields: tuple, peer: str, secret: str | None) -> tuple:
+        """What a call is learned and recognised by: its target as received, its other header
+        fields as received, the peer's address and (only as a hash) the key's secret."""
+        return target, fields, peer, hash(secret)
 
-    def learn(self, target: int, catalog: Catalog, key: ApiKey, digest: str) -> None:
-        """A call with this target was answered from the cache entry ``digest`` (a hit, or the
-        miss that filled it) with this catalog snapshot."""
-        if not self._admission.local(key):
+    def learn(self, request: tuple, catalog: Catalog, key: ApiKey, ip: str, connection: Connection,
+              kin: Kin | None, entry: Entry, view: View, status: int, name: str, version: int | None) -> None:
+        """The pipeline answered ``request`` from the cache ``entry`` with this view and status."""
+        if not self._admission.local(key) or status not in STATUS_LINES:
             return
         learned = self._learned
-        if len(learned) >= MAX_LEARNED and target not in learned:
+        if catalog is not self._catalog or (len(learned) >= MAX_LEARNED and request not in learned):
             learned.clear()
-        learned[target] = (catalog, digest)
+            self._catalog = catalog
+        learned[request] = _Learned(catalog, key, ip, connection, kin, entry, view, status, name, version)
 
-    def __call__(self, raw_target: str, secret: str | None) -> bool:
-        known = self._learned.get(hash((raw_target, secret)))
-        if known is None:
-            return False
-        catalog, digest = known
-        if self._holder.fresh() is catalog and self._cache.ready(digest):
-            self.answered += 1
-            return True
-        return False
+    def __call__(self, target: str, fields: tuple, peer: str, secret: str | None) -> Answer | None:
+        started = time.perf_counter()
+        learned = self._learned.get((target, fields, peer, hash(secret)))   # ``request``
+        if learned is None:
+            return None
+        catalog = self._holder.fresh()
+        if catalog is not learned.catalog:
+            return None
+        try:
+            key = identify(secret, catalog, self._admin, ip=learned.ip)              # 1 identify
+        except GatewayError:
+            return None   # the pipeline refuses it, with its answer
+        schemas = self._schemas
+        if key is not learned.key or (schemas is not None and schemas.kin(learned.connection) is not learned.kin):
+            return None                                                               # 3 plan
+        entry, view = learned.entry(), learned.view()
+        if entry is None or view is None or not self._cache.replayed(entry):         # 4 cache
+            return None
+        request_id = new_request_id()
+        headers = [*learned.view_headers, *cache_headers(entry, "hit", time.time())]  # 6 shape
+        if learned.content_type is not None:
+            headers.append(("content-type", learned.content_type))
+        headers.append(("x-request-id", request_id))
+        body = view.body if learned.status == 200 else b""
+        if learned.status == 200:
+            headers.append(("content-length", str(len(body))))
+        rows = learned.rows
+        if rows:
+            self._admission.settle(key, rows)                                         # 7 record
+        self._history.record(request_id, key.id, learned.name, learned.version, learned.status, None, rows,
+                             (time.perf_counter() - started) * 1000, True)
+        self.answered += 1
+        return Answer(STATUS_LINES[learned.status], headers, body)

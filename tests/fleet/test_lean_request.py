@@ -9,6 +9,8 @@ way (smuggling shapes, odd bytes, limits), cut into reads at random points."""
 from __future__ import annotations
 
 import socket
+import subprocess
+import sys
 
 import pytest
 from gunicorn.config import Config
@@ -17,8 +19,10 @@ from gunicorn.http.parser import RequestParser
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from fleet import lean_request
 from fleet.lean import FrozenConfig
-from fleet.lean_request import LeanParser, LeanRequest, plain_environ, plain_heads_allowed
+from fleet.lean_request import REPLAYABLE, LeanParser, LeanRequest, plain_environ, plain_heads_allowed, replayable
+from gateway.pipeline import from_memory
 
 CLIENT = ("10.1.2.3", 40000)
 SERVER = ("127.0.0.1", 8000)
@@ -158,10 +162,40 @@ def test_the_environ_is_gunicorns(raw: bytes) -> None:
     finally:
         ours.close()
         theirs.close()
+    # gunicorn's, and one key of the gateway's own: the head as received, for a GET the
+    # application may be asked for again (``replayable``).
+    head = replayable(lean)
+    assert mine.pop(REPLAYABLE, None) == (None if head is None else (lean.uri, head[0]))
     assert set(mine) == set(expected)
     for key in ("wsgi.errors", "wsgi.early_hints", "wsgi.input"):
         assert type(mine.pop(key)) is type(expected.pop(key))
     assert mine == expected
+
+
+def test_the_server_and_the_application_name_one_environ_key() -> None:
+    assert lean_request.REPLAYABLE == from_memory.REPLAYABLE
+
+
+def test_the_master_does_not_load_the_application() -> None:
+    """The worker class is imported by gunicorn's master, before it forks: what it imports is
+    shared by every worker (a request id prefix drawn there would be every worker's)."""
+    code = "import sys, fleet.worker; print(sorted(m for m in sys.modules if m.split('.')[0] == 'gateway'))"
+    loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert loaded.strip() == "[]"
+
+
+def _head(raw: bytes) -> object:
+    return next(LeanParser(CFG, iter([raw]), CLIENT))
+
+
+def test_replayable_is_a_get_without_cache_control_and_its_fields_but_the_key() -> None:
+    head = _head(b"GET /q/a?x=1 HTTP/1.1\r\nHost: h\r\nx-api-key: s3cret\r\nAccept: */*\r\n\r\n")
+    assert replayable(head) == ((("HOST", "h"), ("ACCEPT", "*/*")), "s3cret")      # in order, as sent
+    assert replayable(_head(b"GET /q/a HTTP/1.1\r\nHost: h\r\n\r\n")) == ((("HOST", "h"),), None)
+    for refused in (b"HEAD /q/a HTTP/1.1\r\nHost: h\r\n\r\n",
+                    b"GET /q/a HTTP/1.1\r\nCache-Control: no-cache\r\nX-API-Key: s\r\n\r\n",
+                    b"GET /q/a HTTP/1.1\r\nX-API-Key: s\r\nX-API-Key: t\r\n\r\n"):    # which key?
+        assert replayable(_head(refused)) is None, refused
 
 
 @pytest.mark.parametrize("overrides", [{"proxy_protocol": "v1"}, {"strip_header_spaces": True},

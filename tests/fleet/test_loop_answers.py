@@ -109,13 +109,70 @@ def _read_answer(sock: socket.socket, buffered: bytearray) -> bytes:
     while b"\r\n\r\n" not in buffered:
         buffered += sock.recv(65536)
     head, _, _ = bytes(buffered).partition(b"\r\n\r\n")
-    length = int(re.search(rb"(?i)content-length: (\d+)", head).group(1))
+    framed = re.search(rb"(?i)content-length: (\d+)", head)
+    length = int(framed.group(1)) if framed else 0    # a 304
     total = len(head) + 4 + length
     while len(buffered) < total:
         buffered += sock.recv(1 << 20)
     answer = bytes(buffered[:total])
     del buffered[:total]
     return answer
+
+
+# What each answer makes anew: gunicorn's Date, the request id, the freshness headers.
+_MADE_PER_CALL = re.compile(rb"(?im)^(date|x-request-id|age|cache-control): .*$")
+
+
+def _exchange(head: bytes, port: int, times: int) -> list[bytes]:
+    """``head`` sent ``times`` times on one new connection, each answer read before the next."""
+    sock = socket.create_connection(("127.0.0.1", port))
+    buffered = bytearray()
+    try:
+        answers = []
+        for _ in range(times):
+            sock.sendall(head)
+            answers.append(_read_answer(sock, buffered))
+        return answers
+    finally:
+        sock.close()
+
+
+@pytest.mark.parametrize("case", ["json", "csv", "304", "close"])
+def test_the_loops_answer_is_the_threads_byte_for_byte(api, master, table, case):
+    """The first request on a connection goes to a thread (the pipeline answers it), the next
+    one on it to the loop: the same bytes, but for what each answer makes anew."""
+    ep = api.endpoint(f"SELECT id, email FROM {table} ORDER BY id", cache_ttl=600)
+    target = f"/q/{ep.query}" + ("?format=csv" if case == "csv" else "")
+    head = f"GET {target} HTTP/1.1\r\nHost: t\r\nX-API-Key: {ep.secret}\r\n"
+    if case == "304":
+        miss = _exchange(f"{head}\r\n".encode(), master.port, 1)[0]
+        etag = re.search(rb"(?im)^etag: (.*)\r$", miss).group(1).decode()
+        head += f"If-None-Match: {etag}\r\n"
+    request = f"{head}\r\n".encode()
+    _exchange(request, master.port, 1)                      # learned (a miss, or the 304's first)
+    before = loop_answers(master)
+    on_thread, on_loop = _exchange(request, master.port, 2)
+    assert loop_answers(master) - before == 1
+    assert b"x-cache: hit" in on_thread and b"x-cache: hit" in on_loop
+    assert on_thread.startswith(b"HTTP/1.1 304 " if case == "304" else b"HTTP/1.1 200 ")
+    assert _MADE_PER_CALL.sub(b"", on_thread) == _MADE_PER_CALL.sub(b"", on_loop)
+    assert len(_MADE_PER_CALL.findall(on_loop)) == 4
+    if case == "close":   # a request asking to close, answered on the loop: the answer says so, and closes
+        closing = f"{head}Connection: close\r\n\r\n".encode()
+        _exchange(closing, master.port, 1)                  # learned
+        sock = socket.create_connection(("127.0.0.1", master.port))
+        try:
+            buffered = bytearray()
+            sock.sendall(request)
+            _read_answer(sock, buffered)
+            before = loop_answers(master)
+            sock.sendall(closing)
+            answer = _read_answer(sock, buffered)
+            assert b"\r\nConnection: close\r\n" in answer and answer.endswith(b'"c@x"}]')
+            assert sock.recv(1) == b""                      # and closed
+            assert loop_answers(master) - before == 1
+        finally:
+            sock.close()
 
 
 def test_a_client_that_does_not_read_cannot_hold_the_loop(api, master, table):

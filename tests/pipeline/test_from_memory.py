@@ -1,56 +1,195 @@
-"""gateway/pipeline/from_memory.py: the server answers a call on its loop only when nothing in it
-can wait on I/O. Each case takes away one of the conditions and expects no: a loop that guessed
-yes then would read the store, ask Redis or the database on the thread every connection waits on."""
+"""gateway/pipeline/from_memory.py: a call the pipeline answered from the cache, answered again
+without it. Its answer must be the pipeline's for the same request, byte for byte but for what
+each call makes anew (the request id, the freshness headers); and each condition it rests on,
+taken away, must make it say no (the pipeline then answers, with its own rules)."""
 from __future__ import annotations
 
+import datetime
+import gc
+import re
+import time
 
-def _call(client, query: str, secret: str, **headers) -> object:
-    raw = f"/q/{query}"
-    return client.simulate_get(raw, headers={"X-API-Key": secret, **headers}, extras={"RAW_URI": raw})
+import pytest
+
+from gateway.pipeline.from_memory import REPLAYABLE
+from helpers.history import wait_for_history
+
+FIELDS = (("HOST", "gateway.test"), ("ACCEPT", "*/*"))
+PEER = "127.0.0.1"
+MADE_PER_CALL = {"x-request-id", "age", "cache-control"}
 
 
-def _cached(client, endpoint) -> tuple:
-    ep = endpoint("SELECT 1 AS one", cache_ttl=60)
-    assert _call(client, ep.query, ep.secret).status_code == 200
-    return ep, f"/q/{ep.query}"
+def _call(client, target: str, secret: str, fields: tuple = FIELDS, **headers) -> object:
+    """Through the pipeline, as the server hands it a plain GET it may ask for again."""
+    path, _, query = target.partition("?")
+    return client.simulate_get(path, query_string=query, headers={"X-API-Key": secret, **headers},
+                               extras={REPLAYABLE: (target, fields)}, remote_addr=PEER)
 
 
-def test_a_call_answered_from_memory_is_recognised_and_only_it(app, client, endpoint):
-    ep, raw = _cached(client, endpoint)
-    assert app.from_memory(raw, ep.secret)
-    assert not app.from_memory(raw, ep.secret + "x")              # another key
-    assert not app.from_memory(raw + "?page=1", ep.secret)        # another target
+def _again(app, target: str, secret: str, fields: tuple = FIELDS, peer: str = PEER) -> object:
+    return app.from_memory(target, fields, peer, secret)
+
+
+def _cached(client, endpoint, sql: str = "SELECT 1 AS one", **fields) -> tuple:
+    ep = endpoint(sql, cache_ttl=60, **fields)
+    target = f"/q/{ep.query}"
+    assert _call(client, target, ep.secret).headers["X-Cache"] == "miss"
+    return ep, target
+
+
+def _same_answer(result, answer) -> None:
+    """The pipeline's answer (``result``) and the one made without it: the same status, headers
+    in the same order with the same values (those made per call: present, well formed), body."""
+    assert answer.status == result.status
+    theirs = [(name.lower(), value) for name, value in result.headers.items()]
+    ours = list(answer.headers)
+    assert [name for name, _ in ours] == [name for name, _ in theirs]
+    assert [h for h in ours if h[0] not in MADE_PER_CALL] == [h for h in theirs if h[0] not in MADE_PER_CALL]
+    made = dict(ours)
+    assert re.fullmatch(r"[0-9a-f]{8}-[0-9a-f]+", made["x-request-id"])
+    assert made["x-request-id"] != result.headers["x-request-id"]
+    assert abs(int(made["age"]) - int(result.headers["age"])) <= 1
+    their_age = int(result.headers["cache-control"].rpartition("=")[2])
+    assert re.fullmatch(r"private, max-age=\d+", made["cache-control"])
+    assert abs(int(made["cache-control"].rpartition("=")[2]) - their_age) <= 1
+    assert answer.body == result.content
+
+
+@pytest.mark.parametrize("query", ["", "?format=csv", "?page_size=1&page=2"])
+def test_the_answer_is_the_pipelines(app, client, endpoint, query):
+    ep = endpoint("SELECT g AS n, 'x' || g AS label FROM generate_series(1, 3) g", cache_ttl=60)
+    target = f"/q/{ep.query}{query}"
+    assert _call(client, target, ep.secret).headers["X-Cache"] == "miss"
+    result = _call(client, target, ep.secret)
+    assert result.status_code == 200 and result.headers["X-Cache"] == "hit"
+    _same_answer(result, _again(app, target, ep.secret))
+
+
+def test_a_304_is_the_pipelines(app, client, endpoint):
+    ep, target = _cached(client, endpoint)
+    etag = _call(client, target, ep.secret).headers["ETag"]
+    fields = (*FIELDS, ("IF-NONE-MATCH", etag))
+    assert _call(client, target, ep.secret, fields, **{"If-None-Match": etag}).status_code == 304
+    result = _call(client, target, ep.secret, fields, **{"If-None-Match": etag})
+    answer = _again(app, target, ep.secret, fields)
+    assert result.status_code == 304 and answer.body == b""
+    _same_answer(result, answer)
+    assert _again(app, target, ep.secret).status.startswith("200")   # without the header: the body
+
+
+def test_a_masked_key_gets_its_own_answer(app, client, endpoint, api):
+    ep, target = _cached(client, endpoint, "SELECT id, email FROM customers ORDER BY id LIMIT 2")
+    masked = api.key([ep.query], [ep.connection], mask=[{"column": "customers.email", "action": "null"}])
+    assert _call(client, target, masked).headers["X-Cache"] == "hit"
+    result = _call(client, target, masked)
+    answer = _again(app, target, masked)
+    assert b"@" not in answer.body and b'"email":null' in answer.body
+    _same_answer(result, answer)
+    assert _again(app, target, ep.secret) is None         # learned before the new key: another catalog
+    assert b"@" in _call(client, target, ep.secret).content
+    assert b"@" in _again(app, target, ep.secret).body     # each key its own
+
+
+def test_the_call_is_recorded_and_counted(app, client, endpoint, superuser):
+    ep, target = _cached(client, endpoint)
+    cache = app.parts.cache
+    hits, answered = cache.hits, app.from_memory.answered
+    answer = _again(app, target, ep.secret)
+    assert (cache.hits, app.from_memory.answered) == (hits + 1, answered + 1)
+    request_id = dict(answer.headers)["x-request-id"]
+    key_id = superuser("SELECT id FROM gw_api_keys WHERE name = %s", (ep.key,))[0][0]
+    assert wait_for_history(superuser, [request_id]) == {request_id: (ep.query, 1, 200, None, 1, key_id)}
+
+
+def test_only_the_same_request(app, client, endpoint):
+    ep, target = _cached(client, endpoint)
+    assert _again(app, target, ep.secret) is not None
+    assert _again(app, target, ep.secret + "x") is None                   # another (wrong) secret
+    assert _again(app, target, None) is None                              # none
+    assert _again(app, target + "?page=1", ep.secret) is None             # another target
+    assert _again(app, target, ep.secret, (*FIELDS, ("X-FORWARDED-FOR", "10.0.0.9"))) is None   # another head
+    assert _again(app, target, ep.secret, FIELDS[::-1]) is None           # the same fields, another order
+    assert _again(app, target, ep.secret, peer="10.1.1.1") is None        # another peer
 
 
 def test_no_while_the_catalog_would_need_the_store(app, client, endpoint):
-    ep, raw = _cached(client, endpoint)
+    ep, target = _cached(client, endpoint)
     holder = app.parts.holder
     until = holder.fresh_until
     holder.distrust()
     try:
-        assert not app.from_memory(raw, ep.secret)
+        assert _again(app, target, ep.secret) is None
     finally:
         holder.renew(until)
 
 
-def test_no_once_the_entry_is_gone(app, client, endpoint, api):
-    ep, raw = _cached(client, endpoint)
-    api.ok("DELETE", f"/cache/entries?query={ep.query}")
-    assert not app.from_memory(raw, ep.secret)
-
-
-def test_no_after_a_change_of_the_catalog(app, client, endpoint, api):
-    ep, raw = _cached(client, endpoint)
+def test_no_after_a_change_of_the_key(app, client, endpoint, api):
+    ep, target = _cached(client, endpoint)
     api.ok("PATCH", f"/api-keys/{ep.key}", {"max_rows": 5})
-    assert not app.from_memory(raw, ep.secret)
+    assert _again(app, target, ep.secret) is None
+    api.ok("PATCH", f"/api-keys/{ep.key}", {"active": False})
+    assert _again(app, target, ep.secret) is None
+    assert _call(client, target, ep.secret).status_code == 401
+
+
+def test_no_once_the_key_expired(app, client, endpoint, api):
+    """Nothing in the catalog changes when a key expires: ``identify``'s own clock decides."""
+    ep, target = _cached(client, endpoint)
+    at = datetime.datetime.now(datetime.UTC) + datetime.timedelta(seconds=2)
+    api.ok("PATCH", f"/api-keys/{ep.key}", {"expires_at": at.isoformat()})
+    assert _call(client, target, ep.secret).headers["X-Cache"] == "hit"   # learned under the new catalog
+    assert _again(app, target, ep.secret) is not None
+    time.sleep(max(0.0, at.timestamp() - time.time()) + 0.2)
+    assert _again(app, target, ep.secret) is None
+    refused = _call(client, target, ep.secret)
+    assert refused.status_code == 401 and refused.json["code"] == "key_expired"
+
+
+def test_no_once_the_entry_is_purged_or_filled_again(app, client, endpoint, api):
+    ep, target = _cached(client, endpoint)
+    api.ok("DELETE", f"/cache/entries?query={ep.query}")
+    assert _again(app, target, ep.secret) is None
+    # Filled again by another request (another head): the entry held is not the one learned.
+    assert _call(client, target, ep.secret, (("HOST", "other"),)).headers["X-Cache"] == "miss"
+    assert _again(app, target, ep.secret, (("HOST", "other"),)) is not None
+    assert _again(app, target, ep.secret) is None
+
+
+def test_no_once_the_schema_trees_changed(app, client, endpoint, monkeypatch):
+    """A partition attached or detached changes what the plan reads (``SchemaCache.kin``) and
+    so the entry a call is keyed to, with the catalog unchanged."""
+    ep, target = _cached(client, endpoint)
+    assert _again(app, target, ep.secret) is not None
+    monkeypatch.setattr(app.from_memory._schemas, "kin", lambda connection: object())
+    assert _again(app, target, ep.secret) is None
 
 
 def test_never_for_a_key_admitted_through_redis_or_a_call_that_asks_for_the_database(app, client, endpoint, api):
-    ep, raw = _cached(client, endpoint)
+    ep, target = _cached(client, endpoint)
     api.ok("PATCH", f"/api-keys/{ep.key}", {"max_concurrent": 2})
-    assert _call(client, ep.query, ep.secret).headers["X-Cache"] == "hit"
-    assert not app.from_memory(raw, ep.secret)
-    other = endpoint("SELECT 2 AS two", cache_ttl=60)
-    raw_other = f"/q/{other.query}"
-    assert _call(client, other.query, other.secret, **{"Cache-Control": "no-cache"}).status_code == 200
-    assert not app.from_memory(raw_other, other.secret)
+    assert _call(client, target, ep.secret).headers["X-Cache"] == "hit"
+    assert _again(app, target, ep.secret) is None
+    other, other_target = _cached(client, endpoint, "SELECT 2 AS two")
+    fields = (*FIELDS, ("CACHE-CONTROL", "no-cache"))
+    assert _call(client, other_target, other.secret, fields, **{"Cache-Control": "no-cache"}).status_code == 200
+    assert _again(app, other_target, other.secret, fields) is None
+
+
+def _learned(app, target: str) -> object:
+    return next(record for request, record in app.from_memory._learned.items() if request[0] == target)
+
+
+def test_what_is_learned_holds_nothing_the_cache_let_go(app, client, endpoint, api):
+    """The cache's byte bound holds: a purged entry (and the body made of it) is freed, not kept
+    by the call learned from it; and a change of the catalog lets go of the calls learned under
+    the old snapshot (and with them that snapshot)."""
+    ep, target = _cached(client, endpoint, "SELECT repeat('x', 100000) AS pad")
+    learned = _learned(app, target)
+    entry, view = learned.entry, learned.view
+    assert entry() is not None and view() is not None
+    api.ok("DELETE", f"/cache/entries?query={ep.query}")
+    gc.collect()
+    assert entry() is None and view() is None
+    assert _again(app, target, ep.secret) is None
+    other, other_target = _cached(client, endpoint, "SELECT 3 AS three")   # another catalog (a new query)
+    assert [request[0] for request in app.from_memory._learned] == [other_target]

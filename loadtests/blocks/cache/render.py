@@ -21,8 +21,18 @@ def write(run_dir: Path) -> Path:
 
 
 def publish(run_dir: Path, docs: Path = DOCS) -> Path:
-    """Keep the run beside the reports (docs/bench/raw/<folder>/) and write docs/bench/<date>-cache.md."""
-    return rundir.publish(run_dir, docs, render, lambda meta: f'{(meta.get("started_at") or "undated")[:10]}-cache.md')
+    """Keep the run beside the reports (docs/bench/raw/<folder>/) and write docs/bench/<date>-cache.md
+    (<date>-cache-2.md, -3, ... when that day's page is another run's: a page is never overwritten by another)."""
+    raw = f'raw/{Path(run_dir).name}/'
+
+    def page_name(meta: dict) -> str:
+        date = (meta.get("started_at") or "undated")[:10]
+        name, n = f'{date}-cache.md', 1
+        while (docs / name).exists() and raw not in (docs / name).read_text():
+            n += 1
+            name = f'{date}-cache-{n}.md'
+        return name
+    return rundir.publish(run_dir, docs, render, page_name)
 
 
 def render(meta: dict, runs: list[dict], raw: str | None = None) -> str:
