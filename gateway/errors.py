@@ -113,6 +113,8 @@ CODES: dict[str, tuple[int, str]] = {
     "connection_password_unreadable": (409, "The connection's stored password was sealed under another "
                                             "`GATEWAY_SECRET_KEY` (or is damaged): set it again with "
                                             "`PATCH /api/v1/connections/<name>`."),
+    "precondition_failed": (412, "A `POST /q/<name>` sent `If-None-Match` naming the ETag of the answer it would get "
+                                 "(RFC 9110, 13.1.2: a GET is answered 304 then, any other method 412)."),
     "payload_too_large": (413, "The body is larger than `GATEWAY_MAX_BODY_BYTES`."),
     "unsupported_media_type": (415, "The body must be `application/json`."),
     "rate_limited": (429, "The client IP's or the key's rate limit is spent; `Retry-After` says when to retry."),

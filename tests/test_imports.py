@@ -39,7 +39,7 @@ def test_every_module_imports_alone():
 # Every package and top-level module of gateway/ has its place here: a new one fails the test
 # until it is given one.
 LAYERS: list[tuple[str, frozenset[str]]] = [
-    ("kernel", frozenset({"gateway", "errors", "settings", "crypto"})),   # "gateway": its __init__ (__version__)
+    ("kernel", frozenset({"gateway", "errors", "settings", "crypto", "request_ids"})),   # "gateway": its __init__ (__version__)
     ("ports", frozenset({"ports"})),
     ("parts", frozenset({"model", "sql", "governance", "execution", "store", "cache", "observe"})),
     ("use cases", frozenset({"pipeline", "control", "warmup"})),
@@ -54,8 +54,8 @@ TYPE_ONLY_EXCEPTIONS = {("ports", "model")}
 # What http/ may use below the use cases at run time: a resource reads the request and hands it
 # to a pipeline or a control service; it runs no stage itself (no runner, store, reader or
 # analysis). The typed errors, the metrics registry it exposes, the format table /openapi.json
-# lists and the JSON renderer of /api/v1/cache/entries are all it takes from below.
-HTTP_BELOW = {"gateway", "gateway.errors", "gateway.observe", "gateway.execution.formats"}
+# lists, the JSON renderer of /api/v1/cache/entries and the request ids are all it takes from below.
+HTTP_BELOW = {"gateway", "gateway.errors", "gateway.observe", "gateway.execution.formats", "gateway.request_ids"}
 OUTSIDE = {"fleet", "loadtests"}     # the product's two neighbours: gateway imports neither
 
 

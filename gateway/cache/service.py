@@ -106,23 +106,30 @@ class ResponseCache:
 
     # --- the data plane ----------------------------------------------------------------------
     def answer(self, qv: QueryVersion, bound: Sequence, page: int, size: int, compute: Callable[[], Result],
-               bypass: bool, store: bool = True, reading: str | None = None) -> tuple[Entry, str]:
+               bypass: bool, store: bool = True, reading: str | None = None,
+               max_age: int | None = None) -> tuple[Entry, str]:
         """The entry for this call and how it was found: ``hit``, ``miss`` or ``bypass``.
         ``store`` False (``Cache-Control: no-store``, always a bypass): the answer is not kept.
-        ``reading``: what the version's columns are under the schema of this call's plan (see ``keys``)."""
+        ``reading``: what the version's columns are under the schema of this call's plan (see ``keys``).
+        ``max_age`` (``Cache-Control: max-age``): an entry older than that (its ``Age``) is not
+        taken: the call is a bypass, which refreshes it."""
         digest = keys.digest(qv, bound, page, size, reading)
         fresh = self._sync.fresh() or self._confirmed()
+        if not bypass and fresh:
+            entry = self.memory.get(digest)
+            if entry is not None:
+                if max_age is None or int(self._wall() - entry.created) <= max_age:
+                    self.hits += 1
+                    return entry, "hit"
+                bypass = True
         if bypass:
             self.bypasses += 1
             # A bypass fills memory only (the shared tier is neither asked nor filled); a
             # no-store one keeps nothing, as a worker whose memory is not fresh would.
             return self._fill(digest, qv, compute, fresh and store, shared=False, page=page,
                               size=size)[0], "bypass"
-        if fresh:
-            entry = self.memory.get(digest)
-            if entry is not None:
-                self.hits += 1
-                return entry, "hit"
+        # Another worker's answer in Redis may be older than ``max_age`` allows: not asked then.
+        shared = max_age is None
         mark = self.memory.mark(qv.name, keys.database(qv.connection))
         with self._lock:
             held = self._flights.get(digest)
@@ -136,9 +143,9 @@ class ResponseCache:
             if flight.done.wait(self._follow_s) and flight.entry is not None:
                 self.misses += 1
                 return flight.entry, "miss"
-            return self._fill(digest, qv, compute, fresh, shared=True, page=page, size=size)   # its fill failed
+            return self._fill(digest, qv, compute, fresh, shared=shared, page=page, size=size)   # its fill failed
         try:
-            entry, state = self._fill(digest, qv, compute, fresh, shared=True, page=page, size=size, mark=mark)
+            entry, state = self._fill(digest, qv, compute, fresh, shared=shared, page=page, size=size, mark=mark)
             flight.entry = entry
             return entry, state
         finally:

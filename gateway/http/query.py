@@ -6,11 +6,12 @@ requests beyond the pool's, no logging.
 """
 from __future__ import annotations
 
+import re
 from typing import TYPE_CHECKING
 
 from ..errors import bad_request
 from ..pipeline import RESERVED, CallArgs, SavedCall, split_reserved
-from ..pipeline.args import NO_STORE, reserved_args
+from ..pipeline.args import MAX_AGE, NO_STORE, reserved_args
 from ..pipeline.from_memory import REPLAYABLE, FromMemory
 from .common import client_ip, read_json, request_id
 
@@ -19,6 +20,9 @@ if TYPE_CHECKING:
 
     from ..pipeline import Pipeline
     from ..settings import Settings
+
+# A request's max-age directive (RFC 9111, 5.2.1.1: delta-seconds, ASCII digits).
+_MAX_AGE = re.compile(r"(?:^|[,\s])max-age\s*=\s*\"?([0-9]+)")
 
 
 class QueryResource:
@@ -65,15 +69,19 @@ class QueryResource:
         env = req.env
         self._pipeline.run(resp, call, request_id=request_id(req), ip=client_ip(env, self._hops),
                            secret=env.get("HTTP_X_API_KEY"), if_none_match=env.get("HTTP_IF_NONE_MATCH"),
-                           request=request)
+                           request=request, safe=req.method == "GET")
 
 
 def _no_cache(control: str, reserved: dict) -> dict:
     """``Cache-Control: no-cache`` asks what ``cache=false`` asks; ``no-store`` that too, and that
-    the cache keeps nothing of the answer."""
+    the cache keeps nothing of the answer; ``max-age=N`` for no cached answer older than N
+    seconds (a browser's reload sends ``max-age=0``)."""
     lowered = control.lower()
     if "no-store" in lowered:
         reserved = dict(reserved, **{NO_STORE: True})
+    max_age = _MAX_AGE.search(lowered)
+    if max_age is not None:
+        reserved = dict(reserved, **{MAX_AGE: int(max_age.group(1)[:10])})
     if "cache" not in reserved and ("no-cache" in lowered or "no-store" in lowered):
         reserved = dict(reserved, cache="false")
     return reserved

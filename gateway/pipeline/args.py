@@ -17,6 +17,9 @@ RESERVED = frozenset(("format", "page", "page_size", "version", "timeout", "stre
 # Put among a call's reserved arguments by ``Cache-Control: no-store`` only: not in RESERVED, so no
 # caller's argument of that name reaches it.
 NO_STORE = "no-store"
+# Put there by a request's ``Cache-Control: max-age=<seconds>`` only (as NO_STORE): the oldest
+# cached answer the caller takes.
+MAX_AGE = "max-age"
 
 
 def positive_int(value: object, code: str, field: str) -> int:
@@ -50,7 +53,7 @@ def reserved_args(query: Mapping[str, Any], body: Mapping[str, Any], names: froz
 class CallArgs:
     """The reserved arguments of one call, parsed and checked."""
 
-    __slots__ = ("fmt", "page", "page_size", "version", "timeout_ms", "stream", "cache", "store")
+    __slots__ = ("fmt", "page", "page_size", "version", "timeout_ms", "stream", "cache", "store", "max_age")
 
     def __init__(self, raw: dict, settings: Settings) -> None:
         fmt = raw.get("format") or "json"
@@ -76,6 +79,9 @@ class CallArgs:
         self.store = NO_STORE not in raw
         if not self.store:
             self.cache = False
+        # ``Cache-Control: max-age=N`` (RFC 9111, 5.2.1.1): a cached answer older than N seconds
+        # (its ``Age``) is not taken; the database answers and the entry is refreshed.
+        self.max_age: int | None = raw.get(MAX_AGE)
 
     @staticmethod
     def _cache(raw: object) -> bool:

@@ -21,6 +21,7 @@ import time
 from typing import TYPE_CHECKING
 
 from ..cache.entry import OVERHEAD
+from ..errors import GatewayError
 from .shape import send_page
 
 if TYPE_CHECKING:
@@ -83,11 +84,15 @@ def cache_headers(entry: Entry, state: str, now: float) -> tuple[tuple[str, str]
 
 
 def send_cached(resp: falcon.Response, args: CallArgs, size: int, plan: CallPlan, entry: Entry, state: str,
-                if_none_match: str | None, now: float | None = None) -> tuple[View, int]:
-    """(the view sent, the status)."""
+                if_none_match: str | None, now: float | None = None, safe: bool = True) -> tuple[View, int]:
+    """(the view sent, the status). ``safe``: the call's method is GET or HEAD, which a matching
+    ``If-None-Match`` answers 304; any other, 412 (RFC 9110, 13.1.2)."""
     view = view_of(entry, args, size, plan)
     resp.set_headers((*view.headers, *cache_headers(entry, state, time.time() if now is None else now)))
     if if_none_match and _matches(if_none_match, view.etag):
+        if not safe:
+            raise GatewayError(412, "precondition_failed", "If-None-Match names the ETag of this answer",
+                               headers={"ETag": view.etag})
         resp.status = 304
         resp.content_type = None   # a 304 carries no content (nor its type)
         return view, 304

@@ -95,9 +95,10 @@ class Pipeline:
         self._admin = admin if admin is not None else admin_identity(settings)
 
     def run(self, resp: falcon.Response, call: EntryPoint, *, request_id: str, ip: str, secret: str | None,
-            if_none_match: str | None = None, request: tuple | None = None) -> None:
+            if_none_match: str | None = None, request: tuple | None = None, safe: bool = True) -> None:
         """``request``: the call as ``FromMemory.request`` names it, when the server may ask for
-        it again (a plain GET): an answer from the cache is learned under it."""
+        it again (a plain GET): an answer from the cache is learned under it. ``safe``: a GET
+        (``If-None-Match`` answers it 304), not a POST (412)."""
         started = time.perf_counter()
         key = None
         admitted = False   # past admission: the key's quota was charged, whatever happens next
@@ -142,8 +143,8 @@ class Pipeline:
                     # the cached rows and this call's masks agree on every column.
                     entry, state = self._cache.answer(subject, bound, args.page, size, lambda: call.page(
                         pool, subject, bound, size, args.page, timeout_ms), not args.cache, args.store,
-                        reading(subject, settings, kin))
-                    view, status = send_cached(resp, args, size, plan, entry, state, if_none_match)
+                        reading(subject, settings, kin), args.max_age)
+                    view, status = send_cached(resp, args, size, plan, entry, state, if_none_match, safe=safe)
                     rows = view.rows if status == 200 else 0
                     if request is not None and state != "bypass" and self._from_memory is not None:
                         self._from_memory.learn(request, catalog, key, ip, call.connection,  # type: ignore[arg-type]

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from helpers.history import wait_for_history
-from helpers.util import unique
+from helpers.util import unique, wait_until
 
 READ = "SELECT id, secret, n FROM {t} WHERE n >= :min ORDER BY id"
 PARAMS = {"min": {"type": "int", "default": 0}}
@@ -62,6 +62,37 @@ def test_no_store_is_a_bypass_that_stores_nothing(api, endpoint, table, superuse
     assert api.call(ep.query, ep.secret, headers={"Cache-Control": "no-store"}).json[0]["secret"] == "again"
     held = api.call(ep.query, ep.secret)
     assert held.headers["X-Cache"] == "hit" and held.json[0]["secret"] == "changed"
+
+
+def test_a_request_max_age_takes_no_older_answer(api, endpoint, table, superuser):
+    """``Cache-Control: max-age=N`` (RFC 9111 5.2.1.1; a browser's reload sends max-age=0): no
+    cached answer older than N seconds; the database answers and the entry is refreshed."""
+    ep = endpoint(READ.format(t=table), PARAMS, cache_ttl=600)
+    assert api.call(ep.query, ep.secret).headers["X-Cache"] == "miss"
+    for n, control in enumerate(("max-age=0", "no-transform, max-age=0", 'max-age="0"')):
+        superuser(f"UPDATE {table} SET secret = 'changed{n}' WHERE id = 1", db="demo")
+        wait_until(lambda: api.call(ep.query, ep.secret).headers["Age"] != "0", timeout_s=5)   # a second old
+        young = api.call(ep.query, ep.secret, headers={"Cache-Control": "max-age=600"})
+        assert young.headers["X-Cache"] == "hit" and young.json[0]["secret"] != f"changed{n}"   # young enough
+        reloaded = api.call(ep.query, ep.secret, headers={"Cache-Control": control})
+        assert reloaded.headers["X-Cache"] == "bypass" and reloaded.json[0]["secret"] == f"changed{n}", control
+        held = api.call(ep.query, ep.secret)                               # refreshed
+        assert held.headers["X-Cache"] == "hit" and held.json[0]["secret"] == f"changed{n}"
+    for ignored in ("max-age=\u0661", "s-maxage=0", "max-age=abc"):        # not a request max-age
+        assert api.call(ep.query, ep.secret, headers={"Cache-Control": ignored}).headers["X-Cache"] == "hit", ignored
+
+
+def test_a_post_whose_etag_matches_is_412_not_304(api, endpoint, table):
+    """RFC 9110 13.1.2: a matching If-None-Match answers 304 to GET and HEAD only; 412 to others."""
+    ep = endpoint(READ.format(t=table), PARAMS, cache_ttl=60)
+    etag = api.call(ep.query, ep.secret).headers["ETag"]
+    assert api.call(ep.query, ep.secret, headers={"If-None-Match": etag}).status == 304
+    posted = api.request("POST", f"/q/{ep.query}", json_body={}, headers={"X-API-Key": ep.secret,
+                                                                        "If-None-Match": etag})
+    assert posted.status == 412 and posted.json["code"] == "precondition_failed", posted
+    other = api.request("POST", f"/q/{ep.query}", json_body={}, headers={"X-API-Key": ep.secret,
+                                                                       "If-None-Match": '"other"'})
+    assert other.status == 200 and len(other.json) == 3
 
 
 # --- cache_ttl validation -----------------------------------------------------------------

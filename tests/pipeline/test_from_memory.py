@@ -37,6 +37,18 @@ def _cached(client, endpoint, sql: str = "SELECT 1 AS one", **fields) -> tuple:
     return ep, target
 
 
+def _both(client, app, target: str, secret: str, fields: tuple = FIELDS, **headers) -> tuple:
+    """The pipeline's answer to a request and the one made again without it. A catalog change
+    from an earlier test, arriving between the two, rightly makes the second None (another
+    snapshot): the pair is taken again then, three times at most."""
+    for _ in range(3):
+        result = _call(client, target, secret, fields, **headers)
+        answer = _again(app, target, secret, fields)
+        if answer is not None:
+            break
+    return result, answer
+
+
 def _same_answer(result, answer) -> None:
     """The pipeline's answer (``result``) and the one made without it: the same status, headers
     in the same order with the same values (those made per call: present, well formed), body."""
@@ -60,9 +72,9 @@ def test_the_answer_is_the_pipelines(app, client, endpoint, query):
     ep = endpoint("SELECT g AS n, 'x' || g AS label FROM generate_series(1, 3) g", cache_ttl=60)
     target = f"/q/{ep.query}{query}"
     assert _call(client, target, ep.secret).headers["X-Cache"] == "miss"
-    result = _call(client, target, ep.secret)
+    result, answer = _both(client, app, target, ep.secret)
     assert result.status_code == 200 and result.headers["X-Cache"] == "hit"
-    _same_answer(result, _again(app, target, ep.secret))
+    _same_answer(result, answer)
 
 
 def test_a_304_is_the_pipelines(app, client, endpoint):
@@ -70,24 +82,22 @@ def test_a_304_is_the_pipelines(app, client, endpoint):
     etag = _call(client, target, ep.secret).headers["ETag"]
     fields = (*FIELDS, ("IF-NONE-MATCH", etag))
     assert _call(client, target, ep.secret, fields, **{"If-None-Match": etag}).status_code == 304
-    result = _call(client, target, ep.secret, fields, **{"If-None-Match": etag})
-    answer = _again(app, target, ep.secret, fields)
+    result, answer = _both(client, app, target, ep.secret, fields, **{"If-None-Match": etag})
     assert result.status_code == 304 and answer.body == b""
     _same_answer(result, answer)
-    assert _again(app, target, ep.secret).status.startswith("200")   # without the header: the body
+    assert _both(client, app, target, ep.secret)[1].status.startswith("200")   # without the header: the body
 
 
 def test_a_masked_key_gets_its_own_answer(app, client, endpoint, api):
     ep, target = _cached(client, endpoint, "SELECT id, email FROM customers ORDER BY id LIMIT 2")
     masked = api.key([ep.query], [ep.connection], mask=[{"column": "customers.email", "action": "null"}])
     assert _call(client, target, masked).headers["X-Cache"] == "hit"
-    result = _call(client, target, masked)
-    answer = _again(app, target, masked)
+    result, answer = _both(client, app, target, masked)
     assert b"@" not in answer.body and b'"email":null' in answer.body
     _same_answer(result, answer)
     assert _again(app, target, ep.secret) is None         # learned before the new key: another catalog
-    assert b"@" in _call(client, target, ep.secret).content
-    assert b"@" in _again(app, target, ep.secret).body     # each key its own
+    unmasked, again = _both(client, app, target, ep.secret)
+    assert b"@" in unmasked.content and again.body == unmasked.content     # each key its own
 
 
 def test_the_call_is_recorded_and_counted(app, client, endpoint, superuser):
