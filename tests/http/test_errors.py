@@ -277,6 +277,14 @@ def _twice(sql, **key_fields):
     return produce
 
 
+def _post_matching_etag(ctx):
+    """A POST whose If-None-Match names the ETag of the (cached) answer it would get."""
+    ep = ctx.endpoint("SELECT 1 AS one", cache_ttl=60)
+    etag = ctx.api.call(ep.query, ep.secret).headers["ETag"]
+    return ctx.api.request("POST", f"/q/{ep.query}", json_body={},
+                           headers={"X-API-Key": ep.secret, "If-None-Match": etag})
+
+
 PRODUCERS = {
     "invalid_body": lambda ctx: ctx.api.request("POST", "/api/v1/connections", body=b"{not json",
                                                 headers={**ctx.api.admin, "Content-Type": "application/json"}),
@@ -288,6 +296,7 @@ PRODUCERS = {
     "invalid_stream": _call("SELECT 1", {"stream": "true", "format": "json"}),
     "invalid_version": _call("SELECT 1", {"version": "abc"}),
     "invalid_cache": _call("SELECT 1", {"cache": "sometimes"}),
+    "precondition_failed": _post_matching_etag,
     "invalid_sql": lambda ctx: ctx.api.manage("POST", "/queries", {"name": unique("q"), "connection_name": ctx.demo,
                                                                     "sql": "SELECT 'unterminated"}),
     "multiple_statements": _save("SELECT 1; SELECT 2"),
