@@ -74,6 +74,7 @@ class LeanRequest(Request):
 
     plain = False
     plain_only = False
+    replay_head: Any = None    # ``replayable``'s answer, made once per request (the loop, then a thread, ask)
 
     def parse(self, unreader: Any) -> bytes:
         if self._use_fast and not self.plain_only:   # gunicorn's C parser, were it installed: its own way
@@ -180,10 +181,21 @@ class LeanParser(RequestParser):
         return request
 
 
+_NOT_REPLAYABLE = (None,)
+
+
 def replayable(req: LeanRequest) -> tuple[tuple, str | None] | None:
     """A GET the application may have answered from memory before (``REPLAYABLE``): no
     Cache-Control (which may ask for the database), one X-API-Key at most. (its header fields
-    but X-API-Key, as received; the key's secret)"""
+    but X-API-Key, as received; the key's secret). Read once per request: the loop asks
+    (``_answered_here``), then, when the application did not answer it there, ``plain_environ``."""
+    head = req.replay_head
+    if head is None:
+        head = req.replay_head = _replayable(req) or _NOT_REPLAYABLE
+    return None if head is _NOT_REPLAYABLE else head
+
+
+def _replayable(req: LeanRequest) -> tuple[tuple, str | None] | None:
     if req.method != "GET":
         return None
     fields = []

@@ -191,6 +191,7 @@ def _head(raw: bytes) -> object:
 def test_replayable_is_a_get_without_cache_control_and_its_fields_but_the_key() -> None:
     head = _head(b"GET /q/a?x=1 HTTP/1.1\r\nHost: h\r\nx-api-key: s3cret\r\nAccept: */*\r\n\r\n")
     assert replayable(head) == ((("HOST", "h"), ("ACCEPT", "*/*")), "s3cret")      # in order, as sent
+    assert replayable(head) is replayable(head)                                      # read once
     assert replayable(_head(b"GET /q/a HTTP/1.1\r\nHost: h\r\n\r\n")) == ((("HOST", "h"),), None)
     for refused in (b"HEAD /q/a HTTP/1.1\r\nHost: h\r\n\r\n",
                     b"GET /q/a HTTP/1.1\r\nCache-Control: no-cache\r\nX-API-Key: s\r\n\r\n",

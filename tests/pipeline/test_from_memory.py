@@ -165,6 +165,16 @@ def test_no_once_the_entry_is_purged_or_filled_again(app, client, endpoint, api)
     assert _again(app, target, ep.secret) is None
 
 
+def test_no_while_the_cache_bus_may_have_missed_a_purge(app, client, endpoint, monkeypatch):
+    """Redis away (or this worker's cache lease run out): a purge may have been sent that this
+    worker did not hear. The pipeline then asks the store's purge counter before it serves
+    memory; an answer made without it must not serve memory at all (issue 14, item 7)."""
+    ep, target = _cached(client, endpoint)
+    assert _again(app, target, ep.secret) is not None
+    monkeypatch.setattr(app.parts.cache._sync, "fresh", lambda: False)
+    assert _again(app, target, ep.secret) is None
+
+
 def test_no_once_the_schema_trees_changed(app, client, endpoint, monkeypatch):
     """A partition attached or detached changes what the plan reads (``SchemaCache.kin``) and
     so the entry a call is keyed to, with the catalog unchanged."""
