@@ -5,7 +5,7 @@ Why: a cache hit waits on nothing, yet through gunicorn's thread hand-off, Falco
 pipeline it cost about 93 us of a worker's CPU, against 117 for a call that asks the
 database (one worker, 32 keep-alive connections): the cache saved little. Nearly all of a
 hit's work repeats what the same request's previous hit already worked out. Answered here, a
-hit costs 63 us against 122 (docs/bench/2026-12-01-cache-2.md: 1.91x the throughput).
+hit costs 59 us against 114 (docs/bench/2026-12-01-cache-3.md: 1.95x the throughput).
 
 What: a hit through the pipeline (``Pipeline.run``) is *learned* under its request exactly as
 it arrived: its target, every header field but ``X-API-Key`` (in order, as sent), the peer's
