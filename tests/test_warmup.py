@@ -155,3 +155,34 @@ def test_a_schema_read_under_way_is_waited_for_not_made_twice(app, settings, api
     schemas.warm([connection])
     assert schemas.kin_now(connection, 5.0) is not None
     assert reads == [name]
+
+
+def test_a_hot_connection_queued_behind_many_is_read_at_once(app, settings, api):
+    """A starting worker queues every connection's schema read (hundreds in a fleet, some
+    unreachable: a connect timeout each); the warm-up takes the hot one out of the queue and
+    reads it now instead of waiting for its turn, and it is not read a second time after."""
+    from gateway.crypto import PasswordBox
+    from gateway.governance.schema_cache import SchemaCache
+
+    names = [api.connection() for _ in range(8)]
+    current = app.parts.holder.current().connections
+    connections = [next(c for c in current.values() if c.name == name) for name in names]
+    hot = connections[-1]
+    schemas = SchemaCache(settings, PasswordBox(settings.secret_key))
+    reads = []
+    load = schemas._load
+
+    def counted(c):
+        reads.append(c.name)
+        time.sleep(0.3)          # each read ahead of the hot one in the queue: 2.1 s in all
+        return load(c)
+    schemas._load = counted
+    schemas.warm(connections)
+    started = time.monotonic()
+    assert schemas.kin_now(hot, 1.5) is not None
+    assert time.monotonic() - started < 1.5
+    deadline = time.monotonic() + 10
+    while len(reads) < len(names) or schemas._loading:
+        assert time.monotonic() < deadline, reads
+        time.sleep(0.05)
+    assert sorted(reads) == sorted(names), reads

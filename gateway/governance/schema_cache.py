@@ -42,7 +42,8 @@ class SchemaCache:
         self._tried: dict[tuple, float] = {}   # when kin() last started a read, per connection
         self._kin_until: dict[tuple, tuple[float, Kin]] = {}   # (fresh until, kin), per connection
         self._lock = threading.Lock()
-        self._loading: set = set()
+        self._loading: set = set()      # read under way or queued by ``warm``, per connection
+        self._queued: dict[tuple, Connection] = {}   # ``warm``'s reads not yet begun, in order
 
     def _load(self, connection: Connection) -> Schema:
         # When the read began: a read that began earlier and ends later (a warm-up slowed by
@@ -122,8 +123,14 @@ class SchemaCache:
 
     def kin_now(self, connection: Connection, wait_s: float) -> Kin | None:
         """For a starting worker (``gateway.warmup``): the trees as ``kin`` gives them, read now
-        if there is no copy yet; a read already under way (the start's ``warm``) is waited for,
-        at most ``wait_s``, rather than made twice."""
+        if there is no copy yet. A read already under way is waited for, at most ``wait_s``,
+        rather than made twice; one that ``warm`` has only queued is taken out of its queue and
+        made now: behind hundreds of connections (some unreachable, each a connect timeout)
+        the hot one would come too late for the warm-up."""
+        with self._lock:
+            queued = self._queued.pop(connection.identity, None)
+        if queued is not None:
+            self._reload_behind(connection)
         deadline = time.monotonic() + wait_s
         while connection.identity in self._loading and time.monotonic() < deadline:
             time.sleep(0.005)
@@ -134,17 +141,24 @@ class SchemaCache:
     def warm(self, connections: Iterable[Connection]) -> None:
         """In the background: read the schema of every active connection this worker has no
         copy of yet (at start, and after a change brings a new or changed connection), so
-        an ad-hoc statement does not wait for it."""
+        an ad-hoc statement does not wait for it. One read at a time, in order; ``kin_now``
+        takes one still queued out of the line."""
         missing = [c for c in connections if c.active and c.identity not in self._schemas
                    and c.identity not in self._loading]
         if not missing:
             return
-        self._loading.update(c.identity for c in missing)
+        with self._lock:
+            self._loading.update(c.identity for c in missing)
+            self._queued.update((c.identity, c) for c in missing)
+        threading.Thread(target=self._drain, name="gateway-schemas", daemon=True).start()
 
-        def run():
-            for connection in missing:
-                self._reload_behind(connection)
-        threading.Thread(target=run, name="gateway-schemas", daemon=True).start()
+    def _drain(self) -> None:
+        while True:
+            with self._lock:
+                if not self._queued:
+                    return
+                connection = self._queued.pop(next(iter(self._queued)))
+            self._reload_behind(connection)
 
     def for_adhoc(self, connection: Connection) -> Schema:
         """For an ad-hoc statement: the worker's copy. Only the first statement on a
