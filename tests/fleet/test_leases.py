@@ -116,7 +116,9 @@ def test_rate_bound_holds_in_sliding_windows(redis_url):
     lease = lease_ms / 1000
     assert len(admitted) <= burst + rate * (span + lease)
     assert len(admitted) >= 0.8 * rate * seconds, (len(admitted), refused)
-    assert set(refused) == {"rate_limited"} and refused["rate_limited"] > len(admitted), refused
+    # The demand was over the rate all along (else the bound above is not tested): a slow
+    # machine's twelve threads made fewer calls, never fewer than 10% over the rate.
+    assert set(refused) == {"rate_limited"} and refused["rate_limited"] > 0.1 * len(admitted), refused
     for window in (0.05, 0.1, 0.25, 0.5, 1.0, 2.0):
         most = most_inside(admitted, window)
         assert most <= burst + rate * (window + lease), (window, most)
