@@ -24,7 +24,7 @@ import pytest
 from redis.cluster import key_slot
 
 from helpers.api import Api
-from helpers.failover import failover_under_load, report
+from helpers.failover import SHARED_WITHIN_S, failover_under_load, report
 from helpers.history import key_id
 from helpers.load import Load, statuses
 from helpers.masters import Master, stop_all
@@ -110,7 +110,10 @@ def test_master_killed_under_load(cluster, masters, admin):
             (mode, statuses(after))
     assert result.returned - result.changed < 1.0
     assert result.events_after > 0
-    assert result.shared - result.promoted < 3.0, result.shared - result.promoted
+    # Every worker on the new master soon after the promotion; the looks that found something
+    # missing say what it was.
+    assert result.shared_look - result.promoted < SHARED_WITHIN_S, (result.shared_look - result.promoted,
+                                                                    result.missing)
 
 
 def test_quota_rebuilt_when_the_promoted_replica_lagged(cluster, masters, admin):
