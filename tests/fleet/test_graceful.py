@@ -264,8 +264,14 @@ def test_reload_recycling_kill_and_stop_under_load_fail_no_request(services, tmp
         settle(EVENT_WINDOW_S)
         events["steady"] = time.monotonic() - EVENT_WINDOW_S
         # Even (a look can fall on a recycling, when one worker briefly holds them all).
-        steady = wait_until(lambda: (lambda s: s if even(s) else None)(spread()), 30, 0.05,
-                            "the connections spread over both workers")
+        looks: list = []
+
+        def even_now():
+            counts = spread()
+            looks.append((round(time.monotonic() - events["steady"], 2), counts))
+            return counts if even(counts) else None
+        steady = wait_until(even_now, 30, 0.05,
+                            lambda: f"the connections spread over both workers; last looks {looks[-12:]}")
 
         first = set(master.worker_pids())
         wait_until(lambda: set(master.worker_pids()) - first, 30, 0.02, "a worker recycled")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import socket
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -48,13 +49,14 @@ def claim_ports(*ports: int) -> bool:
     return True
 
 
-def wait_until(predicate, timeout_s: float, interval_s: float = 0.05, what: str = "condition"):
-    """The first true value of ``predicate()``; AssertionError after ``timeout_s``."""
+def wait_until(predicate, timeout_s: float, interval_s: float = 0.05, what: str | Callable[[], str] = "condition"):
+    """The first true value of ``predicate()``; AssertionError after ``timeout_s`` (``what``, or
+    what it returns then: what was seen, say)."""
     deadline = time.monotonic() + timeout_s
     while True:
         value = predicate()
         if value:
             return value
         if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
+            raise AssertionError(f"timed out after {timeout_s}s waiting for {what if isinstance(what, str) else what()}")
         time.sleep(interval_s)
