@@ -17,7 +17,7 @@ import requests
 from helpers.api import Api
 from helpers.events import Connection, EventStream
 from helpers.history import key_id
-from helpers.load import Call, Load
+from helpers.load import Call, Load, until_each_made
 from helpers.masters import ALIVE, HOSTNAME, Master
 from helpers.util import wait_until
 
@@ -116,6 +116,7 @@ def failover_under_load(masters: dict[str, Master], admin: Api, redis_client: Ca
         for load in loads.values():
             load.start()
         time.sleep(1.0)
+        until_each_made(loads.values(), 25)
         failed = time.monotonic()
         fail()
         promoted()
@@ -123,10 +124,12 @@ def failover_under_load(masters: dict[str, Master], admin: Api, redis_client: Ca
         since = wait_until(lambda: _redis_ms_or_none(client), 10, 0.02, "Redis time on the new master")
         shared_look, shared, missing = _until_shared(redis_client, list(masters.values()), bucket, since, 20)
         time.sleep(0.5)
+        until_each_made(loads.values(), 12, since=shared)
         changed = time.monotonic()
         admin.ok("POST", f"/queries/{query}/publish", {"version": 2})
         returned = time.monotonic()
         time.sleep(0.8)
+        until_each_made(loads.values(), 12, since=returned)
         # A stream opened now carries the key's runs: the event stream works on the new master.
         after = EventStream(Connection(masters["open"].base))
         try:

@@ -69,6 +69,10 @@ class Load:
             thread.join(30)
         return self.calls
 
+    def made_since(self, since: float) -> int:
+        """Calls begun after ``since`` (monotonic) and answered by now."""
+        return sum(1 for r in self._results for c in list(r) if c.started > since)
+
     @property
     def calls(self) -> list[Call]:
         return sorted((c for r in self._results for c in list(r)), key=lambda c: c.started)
@@ -193,3 +197,14 @@ class Callers:
             if self.pause_s:
                 time.sleep(self.pause_s)
         session.close()
+
+
+def until_each_made(loads, calls: int, since: float = 0.0, timeout_s: float = 30.0) -> None:
+    """Until every load has made ``calls`` calls begun after ``since``: a phase of a test lasts
+    until it has the calls its assertions count, not a fixed time that a slow machine's
+    clients fill with fewer (a CI run here made 3 calls in a second where 20 were counted on)."""
+    loads = list(loads)
+    deadline = time.monotonic() + timeout_s
+    while any(load.made_since(since) < calls for load in loads):
+        assert time.monotonic() < deadline, [load.made_since(since) for load in loads]
+        time.sleep(0.02)
