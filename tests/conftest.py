@@ -8,17 +8,20 @@ depend on each other's objects; the gateway processes a test starts (gunicorn ma
 ``fleet up``) join the session's store and Redis with the session's keys.
 
 Servers and their ports (fixed, so that two suites on one machine can be told apart;
-each overridable from the environment):
+each overridable from the environment). The PostgreSQL ports lie below Linux's ephemeral range
+(32768-60999): a port in it can be the local end of some client's connection at the moment a
+server starts, and two suites side by side here met "Address already in use" that way; the
+Redis ports are above it:
 
-- ``GATEWAY_TEST_PG_PORT`` (54439), ``GATEWAY_TEST_REDIS_PORT`` (63839): the session's pair
+- ``GATEWAY_TEST_PG_PORT`` (25439), ``GATEWAY_TEST_REDIS_PORT`` (63839): the session's pair
   (``services``), the store in database ``gateway``, the demo tables in ``demo``;
-- ``GATEWAY_TEST_PRIVATE_PG_PORT`` (54459), ``GATEWAY_TEST_PRIVATE_REDIS_PORT`` (63859): the
+- ``GATEWAY_TEST_PRIVATE_PG_PORT`` (25459), ``GATEWAY_TEST_PRIVATE_REDIS_PORT`` (63859): the
   pair of a module's own (``private_services``), for fault tests that stop or restart a
   server (Redis restarted under load) so that nothing else sees the outage. The former
   names ``GATEWAY_TEST_FLEET_PG_PORT`` / ``GATEWAY_TEST_FLEET_REDIS_PORT`` are read too;
-- ``GATEWAY_TEST_CORPUS_PG_PORT`` (54469): the hostile-input corpus's own PostgreSQL
+- ``GATEWAY_TEST_CORPUS_PG_PORT`` (25469): the hostile-input corpus's own PostgreSQL
   (``governance/test_governance_corpus.py``: hostile SQL runs there as the superuser);
-- ``GATEWAY_TEST_LOCAL_PG_PORT`` (54419), ``GATEWAY_TEST_LOCAL_REDIS_PORT`` (63819): the
+- ``GATEWAY_TEST_LOCAL_PG_PORT`` (25419), ``GATEWAY_TEST_LOCAL_REDIS_PORT`` (63819): the
   embedded default's servers (``fleet/test_local.py`` tests ``fleet.local`` itself).
 """
 from __future__ import annotations

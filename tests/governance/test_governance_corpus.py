@@ -21,7 +21,7 @@ return the same rows;
 * ``dberror:<sqlstate>``: PostgreSQL rejects the bound value itself;
 * ``ok``: it passes analysis and planning and runs.
 
-The server is this module's own (port 54469, ``GATEWAY_TEST_CORPUS_PG_PORT``, a temporary home),
+The server is this module's own (port 25469, ``GATEWAY_TEST_CORPUS_PG_PORT``, a temporary home),
 stopped at the end: the hostile SQL runs there as the superuser, apart from the session's servers.
 """
 from __future__ import annotations

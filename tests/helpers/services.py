@@ -34,12 +34,12 @@ def env_port(*names: str, default: int) -> int:
     return default
 
 
-PG_PORT = env_port("GATEWAY_TEST_PG_PORT", default=54439)          # the session's pair
+PG_PORT = env_port("GATEWAY_TEST_PG_PORT", default=25439)          # the session's pair
 REDIS_PORT = env_port("GATEWAY_TEST_REDIS_PORT", default=63839)
-PRIVATE_PG_PORT = env_port("GATEWAY_TEST_PRIVATE_PG_PORT", "GATEWAY_TEST_FLEET_PG_PORT", default=54459)
+PRIVATE_PG_PORT = env_port("GATEWAY_TEST_PRIVATE_PG_PORT", "GATEWAY_TEST_FLEET_PG_PORT", default=25459)
 PRIVATE_REDIS_PORT = env_port("GATEWAY_TEST_PRIVATE_REDIS_PORT", "GATEWAY_TEST_FLEET_REDIS_PORT", default=63859)
-CORPUS_PG_PORT = env_port("GATEWAY_TEST_CORPUS_PG_PORT", default=54469)
-LOCAL_PG_PORT = env_port("GATEWAY_TEST_LOCAL_PG_PORT", default=54419)
+CORPUS_PG_PORT = env_port("GATEWAY_TEST_CORPUS_PG_PORT", default=25469)
+LOCAL_PG_PORT = env_port("GATEWAY_TEST_LOCAL_PG_PORT", default=25419)
 LOCAL_REDIS_PORT = env_port("GATEWAY_TEST_LOCAL_REDIS_PORT", default=63819)
 
 

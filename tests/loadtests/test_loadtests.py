@@ -251,7 +251,7 @@ def test_offline_bundle_runs_its_own_servers(tmp_path):
         redis.wait(10)
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("PATH", path)
-        pg = LocalPostgres(tmp_path / "pg-home", env_port("GATEWAY_TEST_OFFLINE_PG_PORT", default=54449))
+        pg = LocalPostgres(tmp_path / "pg-home", env_port("GATEWAY_TEST_OFFLINE_PG_PORT", default=25449))
         assert str(pg.bindir).startswith(str(moved))
         pg.start()
         try:
