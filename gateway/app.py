@@ -69,11 +69,11 @@ class Parts:
     """Everything one worker runs, closed in this order by ``close``."""
 
     __slots__ = ("settings", "holder", "pools", "history", "sync", "store_pool", "manage", "admission",
-                 "events", "ready", "log_listener", "cache")
+                 "events", "ready", "log_listener", "cache", "schemas")
 
     def __init__(self, settings: Settings, holder: CatalogHolder, pools: Pools, history: HistoryWriter, ports: Ports,
                  store_pool: psycopg2.pool.AbstractConnectionPool, manage: Management, ready: Ready,
-                 log_listener: logging.handlers.QueueListener, cache: ResponseCache) -> None:
+                 log_listener: logging.handlers.QueueListener, cache: ResponseCache, schemas: SchemaCache) -> None:
         self.settings = settings
         self.holder = holder
         self.pools = pools
@@ -86,6 +86,7 @@ class Parts:
         self.ready = ready
         self.log_listener = log_listener
         self.cache = cache
+        self.schemas = schemas
 
     def drain_when(self, draining: Callable[[], bool]) -> None:
         """From the server's hooks (``fleet/gunicorn_conf.py``): once ``draining()``, ``/ready``
@@ -95,6 +96,7 @@ class Parts:
             self.events.draining = draining
 
     def close(self) -> None:
+        self.schemas.close()      # before the pools: a read may hold one of their sessions
         self.cache.close()
         self.admission.close()
         self.sync.close()
@@ -191,7 +193,7 @@ def build_app(settings: Settings, ports: Ports | None = None,
     manage = Management(settings, sync, box, store_pool, schemas, on_change=on_change)
 
     ready = Ready(lambda: _store_reachable(store_pool), sync)
-    parts = Parts(settings, holder, pools, history, ports, store_pool, manage, ready, log_listener, cache)
+    parts = Parts(settings, holder, pools, history, ports, store_pool, manage, ready, log_listener, cache, schemas)
     app = GatewayApp(parts, middleware=[RequestId()])
     app.req_options.strip_url_path_trailing_slash = True
     http_errors.install(app)

@@ -186,3 +186,32 @@ def test_a_hot_connection_queued_behind_many_is_read_at_once(app, settings, api)
         assert time.monotonic() < deadline, reads
         time.sleep(0.05)
     assert sorted(reads) == sorted(names), reads
+
+
+def test_closing_stops_the_queued_reads_and_waits_for_the_one_under_way(app, settings, api):
+    """A worker's exit: no queued schema read starts after ``close``, and the one under way is
+    waited for (a daemon thread inside libpq at interpreter exit crashed a process with SIGSEGV)."""
+    import threading
+
+    from gateway.crypto import PasswordBox
+    from gateway.governance.schema_cache import SchemaCache
+
+    names = [api.connection() for _ in range(5)]
+    current = app.parts.holder.current().connections
+    connections = [next(c for c in current.values() if c.name == name) for name in names]
+    schemas = SchemaCache(settings, PasswordBox(settings.secret_key))
+    reads = []
+    load = schemas._load
+
+    def counted(c):
+        reads.append(c.name)
+        time.sleep(0.3)
+        return load(c)
+    schemas._load = counted
+    schemas.warm(connections)
+    time.sleep(0.1)                      # the first read is under way
+    schemas.close()
+    assert not [t for t in threading.enumerate() if t.name.startswith("gateway-schema") and t.is_alive()
+                and t in schemas._threads]
+    time.sleep(0.5)
+    assert reads == names[:1], reads

@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
 import psycopg2
@@ -44,6 +44,8 @@ class SchemaCache:
         self._lock = threading.Lock()
         self._loading: set = set()      # read under way or queued by ``warm``, per connection
         self._queued: dict[tuple, Connection] = {}   # ``warm``'s reads not yet begun, in order
+        self._threads: list[threading.Thread] = []   # reads behind, joined by ``close``
+        self._closed = False
 
     def _load(self, connection: Connection) -> Schema:
         # When the read began: a read that began earlier and ends later (a warm-up slowed by
@@ -150,12 +152,12 @@ class SchemaCache:
         with self._lock:
             self._loading.update(c.identity for c in missing)
             self._queued.update((c.identity, c) for c in missing)
-        threading.Thread(target=self._drain, name="gateway-schemas", daemon=True).start()
+        self._behind(self._drain, "gateway-schemas")
 
     def _drain(self) -> None:
         while True:
             with self._lock:
-                if not self._queued:
+                if not self._queued or self._closed:
                     return
                 connection = self._queued.pop(next(iter(self._queued)))
             self._reload_behind(connection)
@@ -195,7 +197,28 @@ class SchemaCache:
         """Read the connection's schema again on a thread of its own; the caller goes on with
         the copy it has."""
         self._loading.add(connection.identity)
-        threading.Thread(target=self._reload_behind, args=(connection,), name="gateway-schema", daemon=True).start()
+        self._behind(lambda: self._reload_behind(connection), "gateway-schema")
+
+    def _behind(self, target: Callable[[], object], name: str) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            self._threads = [t for t in self._threads if t.is_alive()]
+            thread = threading.Thread(target=target, name=name, daemon=True)
+            self._threads.append(thread)
+        thread.start()
+
+    def close(self, wait_s: float = 2.0) -> None:
+        """No read starts after this; those under way are waited for, ``wait_s`` at most. A
+        daemon thread still inside libpq when the interpreter exits can crash it (a worker's
+        exit, a test's process: SIGSEGV after its work was done, seen in CI)."""
+        with self._lock:
+            self._closed = True
+            self._queued.clear()
+            threads = list(self._threads)
+        deadline = time.monotonic() + wait_s
+        for thread in threads:
+            thread.join(max(0.0, deadline - time.monotonic()))
 
     def _reload_behind(self, connection: Connection) -> None:
         try:
