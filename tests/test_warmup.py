@@ -11,7 +11,7 @@ import falcon.testing
 
 from gateway.ports import LocalSync
 from helpers.history import wait_for_history
-from helpers.util import unique
+from helpers.util import unique, wait_until
 
 
 def _calls(client, name: str, secret: str, times: int, method: str = "GET", **params) -> list[str]:
@@ -135,83 +135,58 @@ def test_a_hot_connection_that_cannot_be_reached_does_not_stop_the_start(api, su
     assert got.status_code == 503 and got.json["code"] == "database_unavailable", got.text
 
 
-def test_a_schema_read_under_way_is_waited_for_not_made_twice(app, settings, api):
-    """A starting worker reads every connection's schema in the background (``warm``); the
-    warm-up needs the hot ones' now: it waits for that read instead of making a second one."""
+def _slowed_schemas(app, settings, api, count: int, delay_s: float):
+    """A SchemaCache of its own over ``count`` new connections whose every read takes
+    ``delay_s`` more (a read slowed by a busy start): (the cache, the connections, the names
+    read, in order)."""
     from gateway.crypto import PasswordBox
     from gateway.governance.schema_cache import SchemaCache
 
-    name = api.connection()
-    connection = next(c for c in app.parts.holder.current().connections.values() if c.name == name)
+    names = [api.connection() for _ in range(count)]
+    current = app.parts.holder.current().connections
+    connections = [next(c for c in current.values() if c.name == name) for name in names]
     schemas = SchemaCache(settings, PasswordBox(settings.secret_key))
-    reads = []
+    reads: list[str] = []
     load = schemas._load
 
     def counted(c):
         reads.append(c.name)
-        time.sleep(0.2)          # a read slowed by a busy start: kin_now comes while it runs
+        time.sleep(delay_s)
         return load(c)
     schemas._load = counted
+    return schemas, connections, reads
+
+
+def test_a_schema_read_under_way_is_waited_for_not_made_twice(app, settings, api):
+    """A starting worker reads every connection's schema in the background (``warm``); the
+    warm-up needs the hot ones' now: it waits for that read instead of making a second one."""
+    schemas, [connection], reads = _slowed_schemas(app, settings, api, 1, 0.2)   # kin_now comes while it runs
     schemas.warm([connection])
     assert schemas.kin_now(connection, 5.0) is not None
-    assert reads == [name]
+    assert reads == [connection.name]
 
 
 def test_a_hot_connection_queued_behind_many_is_read_at_once(app, settings, api):
     """A starting worker queues every connection's schema read (hundreds in a fleet, some
     unreachable: a connect timeout each); the warm-up takes the hot one out of the queue and
     reads it now instead of waiting for its turn, and it is not read a second time after."""
-    from gateway.crypto import PasswordBox
-    from gateway.governance.schema_cache import SchemaCache
-
-    names = [api.connection() for _ in range(8)]
-    current = app.parts.holder.current().connections
-    connections = [next(c for c in current.values() if c.name == name) for name in names]
+    schemas, connections, reads = _slowed_schemas(app, settings, api, 8, 0.3)   # 2.1 s ahead of the hot one
     hot = connections[-1]
-    schemas = SchemaCache(settings, PasswordBox(settings.secret_key))
-    reads = []
-    load = schemas._load
-
-    def counted(c):
-        reads.append(c.name)
-        time.sleep(0.3)          # each read ahead of the hot one in the queue: 2.1 s in all
-        return load(c)
-    schemas._load = counted
     schemas.warm(connections)
     started = time.monotonic()
     assert schemas.kin_now(hot, 1.5) is not None
     assert time.monotonic() - started < 1.5
-    deadline = time.monotonic() + 10
-    while len(reads) < len(names) or schemas._loading:
-        assert time.monotonic() < deadline, reads
-        time.sleep(0.05)
-    assert sorted(reads) == sorted(names), reads
+    wait_until(lambda: len(reads) >= len(connections) and not schemas._loading, 10, 0.05, lambda: str(reads))
+    assert sorted(reads) == sorted(c.name for c in connections), reads
 
 
 def test_closing_stops_the_queued_reads_and_waits_for_the_one_under_way(app, settings, api):
     """A worker's exit: no queued schema read starts after ``close``, and the one under way is
     waited for (a daemon thread inside libpq at interpreter exit crashed a process with SIGSEGV)."""
-    import threading
-
-    from gateway.crypto import PasswordBox
-    from gateway.governance.schema_cache import SchemaCache
-
-    names = [api.connection() for _ in range(5)]
-    current = app.parts.holder.current().connections
-    connections = [next(c for c in current.values() if c.name == name) for name in names]
-    schemas = SchemaCache(settings, PasswordBox(settings.secret_key))
-    reads = []
-    load = schemas._load
-
-    def counted(c):
-        reads.append(c.name)
-        time.sleep(0.3)
-        return load(c)
-    schemas._load = counted
+    schemas, connections, reads = _slowed_schemas(app, settings, api, 5, 0.3)
     schemas.warm(connections)
     time.sleep(0.1)                      # the first read is under way
     schemas.close()
-    assert not [t for t in threading.enumerate() if t.name.startswith("gateway-schema") and t.is_alive()
-                and t in schemas._threads]
+    assert not any(t.is_alive() for t in schemas._threads)
     time.sleep(0.5)
-    assert reads == names[:1], reads
+    assert reads == [connections[0].name], reads

@@ -40,7 +40,7 @@ class Failover:
     returned: float                        # ... and returned
     events_after: int                      # runs of the key on a stream opened after the failover
     shared_look: float = 0.0               # when the look that found the fleet shared began
-    missing: list = field(default_factory=list)   # (seconds after promotion, what) of the looks before it
+    missing: list = field(default_factory=list)   # (seconds after the first look, what) of the looks before it
     notes: dict = field(default_factory=dict)
 
 
@@ -77,17 +77,21 @@ def fleet_shared(redis_client, masters: list[Master], bucket: str, since_ms: int
 def _until_shared(redis_client, masters: list[Master], bucket: str, since_ms: int,
                   timeout_s: float) -> tuple[float, float, list[tuple[float, str]]]:
     """When the look that found the fleet shared began and ended (a look under load takes a
-    while: a new client, a /ready per master), and what each look before it found missing."""
+    while: a new client, a /ready per master), and what each look before it found missing
+    (seconds after the first look, what)."""
     started = time.monotonic()
     missing: list[tuple[float, str]] = []
-    while True:
-        look = time.monotonic()
+
+    def look() -> tuple[float, float] | None:
+        began = time.monotonic()
         reason = fleet_shared(redis_client, masters, bucket, since_ms)
-        if not reason:
-            return look, time.monotonic(), missing
-        missing.append((round(look - started, 2), reason))
-        assert time.monotonic() - started < timeout_s, f"the fleet did not share its limits on the new master: {missing[-5:]}"
-        time.sleep(0.05)
+        if reason:
+            missing.append((round(began - started, 2), reason))
+            return None
+        return began, time.monotonic()
+    began, ended = wait_until(look, timeout_s, 0.05,
+                              lambda: f"the fleet to share its limits on the new master: {missing[-5:]}")
+    return began, ended, missing
 
 
 def failover_under_load(masters: dict[str, Master], admin: Api, redis_client: Callable[[], object],

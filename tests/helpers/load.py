@@ -9,6 +9,8 @@ from dataclasses import dataclass, field
 
 import requests
 
+from helpers.util import wait_until
+
 
 @dataclass
 class Call:
@@ -204,7 +206,5 @@ def until_each_made(loads, calls: int, since: float = 0.0, timeout_s: float = 30
     until it has the calls its assertions count, not a fixed time that a slow machine's
     clients fill with fewer (a CI run here made 3 calls in a second where 20 were counted on)."""
     loads = list(loads)
-    deadline = time.monotonic() + timeout_s
-    while any(load.made_since(since) < calls for load in loads):
-        assert time.monotonic() < deadline, [load.made_since(since) for load in loads]
-        time.sleep(0.02)
+    wait_until(lambda: all(load.made_since(since) >= calls for load in loads), timeout_s, 0.02,
+               lambda: f"{calls} calls from each load: {[load.made_since(since) for load in loads]}")
