@@ -154,24 +154,17 @@ class LeanParser(RequestParser):
     next = __next__
 
     def read_ready(self) -> LeanRequest | None:
-        """On the server's loop, for a kept-alive connection that became readable (its socket
-        non-blocking): the next request, read without ever waiting, when it is plain and all of
-        it arrived in one read with nothing after it; else None. Either way what was read stays
-        for ``next``: a request read here is the one ``next`` returns (``ready``)."""
+        """On the server's loop, for a request the front read whole (fleet/front.py: every byte
+        of it is in the unreader's buffer): the request, when it is plain and nothing follows
+        it; else None. Either way what was read stays for ``next``: a request read here is the
+        one ``next`` returns (``ready``)."""
         previous = self.mesg
-        if self.ready is not None or previous is None or not nothing_to_drain(previous) \
-                or previous.should_close() or self.unreader.buf.getvalue():
+        if self.ready is not None or (previous is not None and (not nothing_to_drain(previous)
+                                                                or previous.should_close())):
             return None
-        sock = self.unreader.sock
-        try:
-            data = sock.recv(self.unreader.mxchunk)
-        except OSError:            # nothing yet, or a reset: the thread's read finds it as it is
-            return None
-        if not data:
-            return None            # the client closed: next() finds it so too
-        self.unreader.unread(data)
+        data = self.unreader.buf.getvalue()
         if data.find(b"\r\n\r\n") != len(data) - 4:
-            return None            # not all of it yet, or more behind it: gunicorn's way, on a thread
+            return None            # a body, or more behind it: gunicorn's way, on a thread
         try:
             request = _PlainOnly(self.cfg, self.unreader, self.source_addr, self.req_count + 1)
         except NotPlain:

@@ -45,9 +45,11 @@ leaving worker drains and shuts its own socket.
 from __future__ import annotations
 
 import errno
+import io
 import logging
 import math
 import os
+import resource
 import selectors
 import socket
 import sys
@@ -55,15 +57,19 @@ import threading
 import time
 from collections.abc import Callable
 from datetime import timedelta
+from functools import partial
 from typing import Any
 
 from gunicorn import util
 from gunicorn.http import wsgi
 from gunicorn.workers.gthread import ThreadWorker
 
+from fleet.front import ClientCounts, Deadlines, FrontLimits, Reading, Refused
 from fleet.lean import FrozenConfig, LeanResponse, nothing_to_drain
 from fleet.lean_request import LeanParser, plain_environ, plain_heads_allowed, replayable
 from fleet.slots import BOOTING, LEAVING, SERVING, Slots
+
+ARRIVED = "gateway.arrived"     # environ: time.monotonic() when the request was whole (fleet/front.py)
 
 SLACK = 1                 # connections a worker may hold above the least loaded sibling
 EVALUATE_EVERY_S = 0.005  # re-read the table at least this often while serving
@@ -71,6 +77,9 @@ IDLE_POLL_S = 0.005       # while not accepting: look again this soon (a sibling
 HANDOVER_MAX_S = 30.0     # an old worker waits at most this long for its replacements to serve
 RECYCLE_SPACING_S = 2.0   # a worker recycles no sooner than this after a sibling was away
 CLOSE_LINGER_S = 2.0      # a closed connection waits at most this long for the client's own close
+STOP_READING_LINGER_S = 2.0   # a leaving worker's requests still arriving: this long at most
+FD_MARGIN = 256           # file descriptors kept for everything but client connections
+_CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 NOTIFY_EVERY_S = 1.0      # the heartbeat to the master at most this often (its timeout: 60 s)
 
 
@@ -116,6 +125,22 @@ class BalancedThreadWorker(ThreadWorker):
         self._plain_heads = plain_heads_allowed(self.cfg)
         self._errors = wsgi.WSGIErrorsWrapper(self.cfg)   # what wsgi.create makes per request
         self._from_memory: Callable[[str, tuple, str, str | None], Any] | None = None   # set in run()
+        # The front (fleet/front.py): requests read whole on the loop. Not over TLS or HTTP/2,
+        # where gunicorn's own reading applies.
+        self._front_on = self._plain_heads
+        from gateway.settings import Settings  # not at import: the master loads this module
+        self._limits = FrontLimits.from_settings(Settings.from_env())
+        self._max_connections = self._limits.max_connections
+        if self._front_on:
+            self._max_connections = min(self._max_connections, _raise_fd_limit() - FD_MARGIN)
+            # Accept always: room is made at the cap by closing the connection read the longest.
+            self.worker_connections = sys.maxsize
+            self.max_keepalived = max(1, self._max_connections - self.cfg.threads)
+        self._deadlines = Deadlines()
+        self._reading_of = _reading_deadline
+        self._clients = ClientCounts(self._limits.max_reading_per_client)
+        self._uncapped = self._limits.proxies
+        self._closed_counter: Callable[[str], None] = lambda reason: None   # set in run()
 
     def notify(self) -> None:
         """gunicorn's heartbeat, a utime(2) of the worker's temporary file, ran on every turn of
@@ -144,6 +169,9 @@ class BalancedThreadWorker(ThreadWorker):
         # gunicorn's access log on (its lock and writes would be the loop's).
         if self._plain_heads and not self.log.access_log_enabled:
             self._from_memory = getattr(self.wsgi, "from_memory", None)
+        metrics = getattr(self.wsgi, "metrics", None)
+        if metrics is not None:
+            self._closed_counter = lambda reason: metrics.front_closed.labels(reason).inc()
         try:
             super().run()
         finally:
@@ -240,6 +268,8 @@ class BalancedThreadWorker(ThreadWorker):
         if self._closing:
             self._expire_closing(time.monotonic())
             timeout = min(timeout, CLOSE_LINGER_S)
+        if self._front_on:
+            timeout = self._expire_reading(timeout)
         if self.gw_slots is not None and self.gw_slot is not None:
             timeout = self._tend(timeout)
         super().wait_for_and_dispatch_events(timeout)
@@ -287,6 +317,7 @@ class BalancedThreadWorker(ThreadWorker):
     def _leave(self) -> None:
         assert self.gw_slots is not None and self.gw_slot is not None
         self._left = True
+        self._deadlines.cap(time.monotonic() + STOP_READING_LINGER_S, self._reading_of, _set_reading_deadline)
         self.gw_slots.set_state(self.gw_slot, LEAVING)
         ThreadWorker.set_accept_enabled(self, False)
         if self._orphaned():
@@ -375,28 +406,192 @@ class BalancedThreadWorker(ThreadWorker):
             return
         super().handle_exit(sig, frame)
 
-    # --- reading requests ----------------------------------------------------------------------
+    # --- reading requests: the front (fleet/front.py) -----------------------------------------
     def enqueue_req(self, conn: Any) -> None:
-        """A new connection gets the parser that reads plain heads itself (fleet/lean_request.py)
-        where gunicorn would give it its HTTP/1 parser: not over TLS, not HTTP/2."""
-        if conn.parser is None and self._plain_heads:
+        """Every request starts here (a new connection, or bytes a previous request left behind):
+        the front reads it whole on the loop before a thread gets it. A new connection gets the
+        parser that reads plain heads itself (fleet/lean_request.py) where gunicorn would give it
+        its HTTP/1 parser: not over TLS, not HTTP/2."""
+        if not self._front_on:
+            super().enqueue_req(conn)
+            return
+        new = conn.parser is None
+        if new:
             conn.parser = LeanParser(self.cfg, conn.sock, conn.client)
-        super().enqueue_req(conn)
+        unreader = conn.parser.unreader
+        left = unreader.buf.getvalue()
+        unreader.buf = io.BytesIO()
+        if left:
+            conn.sock.setblocking(False)     # a thread left it blocking: the loop must never wait
+        if not self._front_enter(conn, new):
+            return
+        if left:
+            if self._front_feed(conn, left):
+                return
+        elif new and self._front_read(conn):
+            return
+        self._front_wait(conn, registered=False)
 
     def on_client_socket_readable(self, conn: Any, client: Any) -> None:
-        if self._from_memory is None or not self._answered_here(conn, client):
+        """A kept-alive connection's next request begins: read on the loop (its socket stays
+        registered, with the front's callback, while the request is not whole)."""
+        if not self._front_on:
             super().on_client_socket_readable(conn, client)
+            return
+        self.keepalived_conns.remove(conn)
+        if self._front_enter(conn, False, registered=True) and not self._front_read(conn, registered=True):
+            self._front_wait(conn, registered=True)
 
-    def _answered_here(self, conn: Any, client: Any) -> bool:
-        """A kept-alive connection's next request, answered on this loop instead of a thread when
-        the application answers it from memory alone (gateway/pipeline/from_memory.py): a thread
-        would only add its hand-offs. The request must have arrived whole and plain
+    def _front_enter(self, conn: Any, new: bool, registered: bool = False) -> bool:
+        client = conn.client[0] if type(conn.client) is tuple else ""
+        if client not in self._uncapped and not self._clients.take(client):
+            if registered:
+                self._unregister(conn.sock)
+            self._front_drop(conn, "per_client", registered=False, counted=False)
+            return False
+        conn.gw_reading = Reading(self._limits, client, time.monotonic() + self._limits.head_timeout_s)
+        if new and self.nr_conns > self._max_connections:
+            self._make_room(conn)
+        return conn.gw_reading is not None
+
+    def _front_wait(self, conn: Any, registered: bool) -> None:
+        """Not whole yet: the loop waits for more, until the reading's deadline."""
+        reading = conn.gw_reading
+        callback = partial(self._on_front_readable, conn)
+        if registered:
+            self.poller.modify(conn.sock, selectors.EVENT_READ, callback)
+        else:
+            conn.sock.setblocking(False)
+            self.poller.register(conn.sock, selectors.EVENT_READ, callback)
+        conn.gw_registered = True
+        self._deadlines.add(reading.deadline, conn)
+
+    def _on_front_readable(self, conn: Any, sock: Any) -> None:
+        self._front_read(conn, registered=True)
+
+    def _front_read(self, conn: Any, registered: bool = False) -> bool:
+        """What the socket has now, without waiting; whether the request left the front
+        (whole, refused, or the client gone)."""
+        try:
+            data = conn.sock.recv(65536)
+        except (BlockingIOError, InterruptedError):
+            return False
+        except OSError:
+            data = b""
+        if not data:
+            self._front_drop(conn, "", registered=registered)
+            return True
+        return self._front_feed(conn, data, registered)
+
+    def _front_feed(self, conn: Any, data: bytes, registered: bool = False) -> bool:
+        reading = conn.gw_reading
+        had_head = reading.waiting_for_body
+        try:
+            end = reading.feed(data)
+        except Refused as refusal:
+            self._front_refuse(conn, refusal, refusal.code, registered)
+            return True
+        if end is None:
+            if reading.waiting_for_body and not had_head:
+                self._body_begins(conn, reading)
+            return False
+        self._front_leave(conn, registered or getattr(conn, "gw_registered", False))
+        conn.parser.unreader.unread(bytes(reading.buf))
+        conn.gw_arrived = time.monotonic()
+        conn.gw_continued = reading.continued
+        conn.data_ready = True
+        if end != len(reading.buf) or not self._answered_here(conn):
+            ThreadWorker.enqueue_req(self, conn)
+        return True
+
+    def _body_begins(self, conn: Any, reading: Reading) -> None:
+        """The head is whole, the body not: its own deadline; the client told to go on when it
+        waits for that (``Expect: 100-continue``)."""
+        reading.deadline = time.monotonic() + self._limits.body_timeout_s
+        if getattr(conn, "gw_registered", False):
+            self._deadlines.add(reading.deadline, conn)
+        if reading.expects_continue:
+            reading.continued = True
+            try:
+                conn.sock.send(_CONTINUE)
+            except OSError:
+                pass      # a client that cannot take 25 bytes: its body's deadline ends it
+
+    def _front_leave(self, conn: Any, registered: bool) -> None:
+        reading = conn.gw_reading
+        conn.gw_reading = None
+        conn.gw_registered = False
+        if reading is not None and reading.client not in self._uncapped:
+            self._clients.give_back(reading.client)
+        if registered:
+            self._unregister(conn.sock)
+
+    def _unregister(self, sock: Any) -> None:
+        try:
+            self.poller.unregister(sock)
+        except (KeyError, ValueError, OSError):
+            pass
+
+    def _front_drop(self, conn: Any, reason: str, registered: bool, counted: bool = True) -> None:
+        """Close a connection the front holds: the client left (no reason), or it was dropped."""
+        if counted:
+            self._front_leave(conn, registered)
+        self.nr_conns -= 1
+        if reason:
+            self._closed_counter(reason)
+        try:
+            conn.sock.close()
+        except OSError:
+            pass
+
+    def _front_refuse(self, conn: Any, refusal: Refused, reason: str, registered: bool) -> None:
+        """Answer the request here (one response, ``Connection: close``) and close gently."""
+        self._front_leave(conn, registered)
+        self.nr_conns -= 1
+        self._closed_counter(reason)
+        try:
+            conn.sock.setblocking(False)
+            conn.sock.send(refusal.response())
+        except OSError:
+            pass
+        self._close_gently(conn.sock)
+
+    def _expire_reading(self, timeout: float) -> float:
+        """Close what is past its deadline; how long the loop may sleep before the next one."""
+        now = time.monotonic()
+        for conn in self._deadlines.pop_due(now, self._reading_of):
+            refusal = Refused(408, "request_timeout", "the request did not arrive in time")
+            self._front_refuse(conn, refusal, "timeout", registered=True)
+        upcoming = self._deadlines.next_deadline(self._reading_of)
+        if upcoming is not None:
+            timeout = min(timeout, max(0.0, upcoming - now))
+        return timeout
+
+    def _make_room(self, newcomer: Any) -> None:
+        """At the cap: close the connection whose request has been arriving the longest, else the
+        longest idle kept-alive one, else the newcomer (every other connection is being served)."""
+        oldest = self._deadlines.oldest(self._reading_of)
+        if oldest is not None:
+            self._front_drop(oldest, "evicted", registered=True)
+        elif self.keepalived_conns:
+            idle = self.keepalived_conns.popleft()
+            self._unregister(idle.sock)
+            self.nr_conns -= 1
+            self._closed_counter("evicted_idle")
+            idle.close()
+        else:
+            self._front_drop(newcomer, "evicted", registered=False)
+
+    def _answered_here(self, conn: Any) -> bool:
+        """A request that arrived whole and alone, answered on this loop instead of a thread
+        when the application answers it from memory alone (gateway/pipeline/from_memory.py;
+        ``/health``): a thread would only add its hand-offs. The request must be plain
         (``LeanParser.read_ready``; what was read otherwise goes to a thread as usual) and be a
         GET the application may have seen before (``replayable``). The answer goes out as
         ``_serve`` sends one (``LeanResponse``, the same keep-alive rules), written without
         waiting: what the socket does not take at once is sent by a thread (``_LoopWriter``)."""
         parser = conn.parser
-        if type(parser) is not LeanParser:
+        if self._from_memory is None or type(parser) is not LeanParser:
             return False
         req = parser.read_ready()
         if req is None:
@@ -413,8 +608,6 @@ class BalancedThreadWorker(ThreadWorker):
         if answer is None:
             return False
         parser.ready = None                       # answered here: not a thread's next request
-        self.poller.unregister(client)
-        self.keepalived_conns.remove(conn)
         self._mark_for_shedding(req, conn)
         self.nr += 1
         writer = _LoopWriter(conn.sock)
@@ -467,6 +660,9 @@ class BalancedThreadWorker(ThreadWorker):
         Whether to keep the connection: gunicorn's rules, unchanged."""
         environ: dict = {}
         resp = None
+        if getattr(conn, "gw_continued", False):
+            conn.gw_continued = False
+            req._expected_100_continue = False    # the front told the client to go on already
         try:
             self.cfg.pre_request(self, req)
             logged = self.log.access_log_enabled
@@ -478,6 +674,7 @@ class BalancedThreadWorker(ThreadWorker):
                 resp, environ = wsgi.create(req, conn.sock, conn.client, conn.server, self.cfg,
                                             response_class=LeanResponse)
             environ["wsgi.multithread"] = True
+            environ[ARRIVED] = getattr(conn, "gw_arrived", None) or time.monotonic()
             self.nr += 1
             if not self.alive or not self.cfg.keepalive or len(self.keepalived_conns) >= self.max_keepalived:
                 resp.force_close()
@@ -559,6 +756,29 @@ class BalancedThreadWorker(ThreadWorker):
         for sock, deadline in list(self._closing.items()):
             if everything or deadline <= now:
                 self._closed(sock)
+
+
+def _reading_deadline(conn: Any) -> float | None:
+    reading = getattr(conn, "gw_reading", None)
+    return None if reading is None else reading.deadline
+
+
+def _set_reading_deadline(conn: Any, deadline: float) -> None:
+    conn.gw_reading.deadline = deadline
+
+
+def _raise_fd_limit() -> int:
+    """The soft limit on open files raised to the hard one (each connection is one): the new soft limit."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY:
+        hard = 1 << 20
+    if soft != resource.RLIM_INFINITY and soft < hard:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+            soft = hard
+        except (ValueError, OSError):
+            pass
+    return hard if soft == resource.RLIM_INFINITY else soft
 
 
 class _LoopWriter:

@@ -33,7 +33,7 @@ from .http.cache import CacheEntriesResource, CacheEntryResource
 from .http.common import AdminCheck
 from .http.docs import DocsAsset, DocsPage
 from .http.events import Events as EventsResource
-from .http.health import Health, Ready
+from .http.health import Health, LoopAnswers, Ready
 from .http.metrics import MetricsResource
 from .http.middleware import RequestId
 from .http.openapi import CatalogResource, Describer, OpenApiResource
@@ -42,7 +42,7 @@ from .model.catalog import ApiKey, Catalog
 from .model.state import CatalogHolder
 from .observe import AccessLog, Metrics, setup_logging
 from .pipeline import Pipeline
-from .pipeline.from_memory import FromMemory
+from .pipeline.from_memory import Answer, FromMemory
 from .pipeline.identify import AdminIdentity, admin_identity
 from .ports import Admission, AdmitAll, Events, LocalSync, Sync
 from .settings import Settings
@@ -96,6 +96,7 @@ class Parts:
             self.events.draining = draining
 
     def close(self) -> None:
+        self.ready.close()
         self.schemas.close()      # before the pools: a read may hold one of their sessions
         self.cache.close()
         self.admission.close()
@@ -112,7 +113,8 @@ class GatewayApp(falcon.App):
     tells the server which calls it can answer from memory (``from_memory``: the worker's loop
     answers those itself, fleet/worker.py)."""
 
-    from_memory: FromMemory | None = None
+    from_memory: Callable[[str, tuple, str, str | None], Answer | None] | None = None
+    metrics: Metrics | None = None
 
     def __init__(self, parts: Parts, middleware: list[Any]) -> None:
         super().__init__(media_type=falcon.MEDIA_JSON, middleware=middleware)
@@ -199,7 +201,8 @@ def build_app(settings: Settings, ports: Ports | None = None,
     http_errors.install(app)
 
     admin = AdminCheck(settings.admin_key, holder)   # a data key on /api/v1: 403 admin_only
-    app.from_memory = from_memory
+    app.from_memory = LoopAnswers(from_memory, ready)
+    app.metrics = metrics
     pipeline = Pipeline(holder, pools, history, settings, admission, cache, schemas, from_memory, admin_caller)
     app.add_route("/q/{name}", QueryResource(pipeline, settings))
     app.add_route("/execute_sql", AdHoc(pipeline, settings, schemas))

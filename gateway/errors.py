@@ -68,6 +68,9 @@ CODES: dict[str, tuple[int, str]] = {
     "param_required": (400, "A required query parameter is missing; `errors` names it."),
     "invalid_paging": (400, "`page` or `page_size` is not a positive integer, or `page_size` is above "
                             "`GATEWAY_MAX_PAGE_SIZE`."),
+    "malformed_request": (400, "The request's framing is malformed (RFC 9112): a bare LF, a header line that is not "
+                               "`name: value`, both or several Content-Length or Transfer-Encoding fields, a bad chunk "
+                               "size or chunk extension. Answered by the worker's front with `Connection: close`."),
     "invalid_format": (400, "`format` is not one of `json`, `ndjson`, `csv`, `tsv`, `xml`, `yaml`."),
     "invalid_timeout": (400, "`timeout` is not a positive number of seconds."),
     "invalid_stream": (400, "`stream` is not a boolean, or asks to stream `json` (stream `csv`, `tsv` or `ndjson`)."),
@@ -113,6 +116,8 @@ CODES: dict[str, tuple[int, str]] = {
     "connection_password_unreadable": (409, "The connection's stored password was sealed under another "
                                             "`GATEWAY_SECRET_KEY` (or is damaged): set it again with "
                                             "`PATCH /api/v1/connections/<name>`."),
+    "request_timeout": (408, "The request's head did not arrive within `GATEWAY_HEAD_TIMEOUT_S` of its first byte, "
+                             "or its body within `GATEWAY_BODY_TIMEOUT_S`; the connection is closed."),
     "precondition_failed": (412, "A `POST /q/<name>` sent `If-None-Match` naming the ETag of the answer it would get "
                                  "(RFC 9110, 13.1.2: a GET is answered 304 then, any other method 412)."),
     "payload_too_large": (413, "The body is larger than `GATEWAY_MAX_BODY_BYTES`."),
@@ -122,7 +127,10 @@ CODES: dict[str, tuple[int, str]] = {
                                  "is sent), across the fleet; `Retry-After: 1`."),
     "quota_exceeded": (429, "The key's calls or rows quota for this day or month is used up; `Retry-After` says when "
                             "it resets."),
+    "headers_too_large": (431, "The request head is larger than `GATEWAY_MAX_HEAD_BYTES`."),
     "internal_error": (500, "A bug: reported with its request id, never with internals."),
+    "unsupported_transfer_coding": (501, "The request's Transfer-Encoding is not `chunked` alone (no other coding "
+                                         "is supported)."),
     "database_unavailable": (503, "The data database cannot be reached; retry after `Retry-After`."),
     "store_unavailable": (503, "The gateway's store cannot be reached; retry after `Retry-After`."),
     "admission_unavailable": (503, "Redis is unreachable and `GATEWAY_REDIS_FAILURE=closed`; retry after "

@@ -126,6 +126,10 @@ class Metrics:
         self.reloads = Counter("gateway_catalog_reloads", "Catalog reloads from the store", registry=reg)
         self.full_loads = Counter("gateway_catalog_full_loads", "Catalog reloads that read the whole catalog "
                                   "(the others applied only the changed rows)", registry=reg)
+        self.front_closed = Counter("gateway_front_closed", "Connections the worker's front closed before their "
+                                    "request was whole, by reason: timeout, malformed_request, headers_too_large, "
+                                    "payload_too_large, unsupported_transfer_coding, per_client, evicted, "
+                                    "evicted_idle", ["reason"], registry=reg)
         self.loop_answers = Counter("gateway_loop_answers", "Calls answered from memory on the server's loop "
                                     "instead of a thread", registry=reg)
         self.queue_depth = Gauge("gateway_history_queue_depth", "Runs waiting to be stored",

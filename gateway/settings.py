@@ -83,6 +83,28 @@ class Settings:
                              "with the `gthread` class workers recycle one at a time, each while a sibling "
                              "serves (with a single worker, calls wait while its replacement boots).")
     max_body_bytes: int = _doc(1_048_576, "Largest request body accepted; larger answers 413.")
+    # --- the front: what a connection may cost before its request is whole (fleet/front.py) ----
+    head_timeout_s: float = _doc(10.0, "Seconds a request head may take to arrive, from its first byte (a new "
+                                 "connection: from its accept); past it the connection is answered 408 "
+                                 "`request_timeout` and closed. Absolute, so a byte every few seconds does not "
+                                 "extend it. The head and body are read by the worker's loop: no thread waits "
+                                 "for a slow client.")
+    body_timeout_s: float = _doc(30.0, "Seconds a request body may take to arrive once its head has (1 MiB "
+                                 "at about 35 KiB/s); past it, 408 `request_timeout` and the connection closed.")
+    max_head_bytes: int = _doc(32_768, "Largest request head (request line and header fields); larger "
+                               "answers 431 `headers_too_large`.")
+    max_connections: int = _doc(8192, "Connections a worker holds in all (idle kept-alive ones included). At "
+                                "the cap a new connection is still accepted, and the connection whose request "
+                                "has been arriving the longest (else the longest idle one) is closed to make "
+                                "room: a flood of idle or slow connections cannot lock well-behaved clients "
+                                "out. Each costs a file descriptor (the worker raises its soft limit to the "
+                                "hard one) and a few KiB.")
+    max_reading_per_client: int = _doc(64, "Connections one client address may have whose request is still "
+                                       "arriving, per worker; a new one beyond it is closed at once. Peers "
+                                       "trusted as proxies (`GATEWAY_FRONT_PROXIES`) are not capped: behind a "
+                                       "load balancer every client has its address.")
+    front_proxies: str = _doc("", "Comma-separated peer addresses exempt from `GATEWAY_MAX_READING_PER_CLIENT` "
+                              "(a load balancer's, e.g. `10.0.0.5,10.0.0.6`); the cap in all still applies.")
     instance: str = _doc("", "Name of this gunicorn master inside the fleet (used for its "
                          "control socket and heartbeat files). Empty: derived from the bind port.")
 

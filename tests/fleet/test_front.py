@@ -1,0 +1,234 @@
+"""The front (fleet/front.py, fleet/worker.py) through a real gunicorn master, as an attacker
+would try it: connections that send part of a head or a body and then nothing (or a byte now
+and then) hold no thread, are closed at their deadline and counted; malformed framing is one
+400 and a closed connection, before the application or its key check; one address cannot
+hold more than its share of connections being read; a body sent after ``100 Continue``, and
+pipelined requests, still work."""
+from __future__ import annotations
+
+import re
+import socket
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+import requests
+
+from helpers.api import Api
+from helpers.masters import Master
+
+HEAD_TIMEOUT_S = 1.5
+PER_CLIENT = 24
+
+
+@pytest.fixture(scope="module")
+def master(services, tmp_path_factory, app):
+    # 2 workers x 8 threads, as the embedded default: 16 held threads stopped it before.
+    one = Master(services, tmp_path_factory.mktemp("front-master"), workers=2, threads=8,
+                 head_timeout_s=HEAD_TIMEOUT_S, body_timeout_s=HEAD_TIMEOUT_S,
+                 max_reading_per_client=PER_CLIENT, metrics_token="front-metrics")
+    try:
+        yield one.start(90)
+    finally:
+        one.stop()
+
+
+@pytest.fixture(scope="module")
+def api(master, services):
+    api = Api.over_http(master.base, services)
+    yield api
+    api.close()
+
+
+def closed_by_front(master: Master, reason: str) -> float:
+    time.sleep(0.3)      # written with the history's flush
+    text = requests.get(master.base + "/metrics", headers={"Authorization": "Bearer front-metrics"}, timeout=10).text
+    return sum(float(v) for v in re.findall(rf'^gateway_front_closed_total{{reason="{reason}"}} (\S+)$', text, re.M))
+
+
+def connect(master: Master, source: str = "127.0.0.1") -> socket.socket:
+    sock = socket.socket()
+    sock.bind((source, 0))
+    sock.connect(("127.0.0.1", master.port))
+    return sock
+
+
+def answer_of(sock: socket.socket, timeout: float = 5.0) -> bytes:
+    """Everything the server sends until it closes the connection."""
+    sock.settimeout(timeout)
+    got = bytearray()
+    while True:
+        try:
+            data = sock.recv(65536)
+        except TimeoutError:
+            raise AssertionError(f"the connection stayed open; got {bytes(got)!r}") from None
+        except ConnectionResetError:
+            break
+        if not data:
+            break
+        got += data
+    return bytes(got)
+
+
+def timed_get(url: str) -> float:
+    started = time.monotonic()
+    assert requests.get(url, timeout=10).status_code == 200
+    return time.monotonic() - started
+
+
+SLOW_KINDS = [
+    b"GET /health HTTP/1.1\r\nHost: x\r\n",                                         # part of a head
+    b"POST /execute_sql HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{\"sql\"",  # a head, part of a body
+    b"POST /q/x HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nab",    # part of a chunk
+]
+
+
+def test_slow_clients_hold_no_thread_and_are_closed_at_their_deadline(master, api):
+    ep = api.endpoint("SELECT 1 AS one")
+    before = closed_by_front(master, "timeout")
+    # 60 slow connections from several addresses (each under the per-client cap): today 16 such
+    # connections held every thread of the 2 x 8, and /health hung for as long as they were held.
+    slow = []
+    for n in range(60):
+        sock = connect(master, f"127.0.0.{10 + n % 5}")
+        sock.sendall(SLOW_KINDS[n % len(SLOW_KINDS)])
+        slow.append(sock)
+    trickler = connect(master, "127.0.0.20")
+    try:
+        time.sleep(0.3)
+        timings = []
+        for n in range(10):
+            timings.append(timed_get(master.base + "/health"))
+            started = time.monotonic()
+            assert api.call(ep.query, ep.secret).json == [{"one": 1}]
+            timings.append(time.monotonic() - started)
+            trickler.sendall(b"GET /health HTTP/1.1\r\n"[n:n + 1])     # a byte now and then
+        assert max(timings) < 1.0, timings
+        # Each one is answered 408 and closed at its deadline (a byte every 0.1 s does not extend it).
+        started = time.monotonic()
+        answers = [answer_of(sock, timeout=HEAD_TIMEOUT_S + 5) for sock in [*slow, trickler]]
+        assert time.monotonic() - started < HEAD_TIMEOUT_S + 3
+        assert all(a.startswith(b"HTTP/1.1 408 ") and b'"code":"request_timeout"' in a for a in answers), answers[:3]
+    finally:
+        for sock in [*slow, trickler]:
+            sock.close()
+    assert closed_by_front(master, "timeout") - before >= 61
+
+
+@pytest.mark.parametrize("route, keyed", [("/q/{query}", False), ("/execute_sql", False), ("/execute_sql", True)])
+@pytest.mark.parametrize("chunk", [b"zz\r\n", b"5;ext\nbad\r\n", b"-1\r\n", b"5\nhello"])
+def test_malformed_chunked_bodies_get_one_400_and_a_closed_connection(master, api, route, keyed, chunk):
+    ep = api.endpoint("SELECT 1 AS one")
+    key = f"X-API-Key: {ep.secret}\r\n" if keyed else ""
+    head = (f"POST {route.format(query=ep.query)} HTTP/1.1\r\nHost: x\r\n{key}Content-Type: application/json\r\n"
+            f"Transfer-Encoding: chunked\r\n\r\n").encode()
+    sock = connect(master)
+    try:
+        sock.sendall(head + chunk + b"hello\r\n0\r\n\r\n")
+        answer = answer_of(sock)
+    finally:
+        sock.close()
+    assert answer.startswith(b"HTTP/1.1 400 "), answer
+    assert answer.count(b"HTTP/1.1 ") == 1, answer                   # one request, one response
+    assert b"Connection: close" in answer and b'"code":"malformed_request"' in answer
+
+
+def test_one_address_cannot_hold_more_than_its_share(master):
+    before = closed_by_front(master, "per_client")
+    held = [connect(master, "127.0.0.30") for _ in range(2 * (PER_CLIENT * 2 + 4))]   # 2 workers, each its cap
+    try:
+        for sock in held:
+            sock.sendall(b"GET /health HTTP/1.1\r\n")
+        time.sleep(0.5)
+        refused = 0
+        for sock in held:
+            sock.settimeout(0.05)
+            try:
+                refused += sock.recv(1) == b""
+            except TimeoutError:
+                pass
+            except ConnectionResetError:
+                refused += 1
+        assert refused >= 2 * 4, refused
+        assert timed_get(master.base + "/health") < 1.0         # another address is served meanwhile
+    finally:
+        for sock in held:
+            sock.close()
+    assert closed_by_front(master, "per_client") - before >= 8
+
+
+def test_a_body_sent_after_100_continue_and_pipelined_requests_are_served(master, api):
+    ep = api.endpoint("SELECT 1 AS one")
+    body = b'{"sql": "SELECT 2 AS two", "connection_name": "%s"}' % ep.connection.encode()
+    sock = connect(master)
+    try:
+        sock.sendall(f"POST /execute_sql HTTP/1.1\r\nHost: x\r\nX-API-Key: {ep.secret}\r\n"
+                     f"Content-Type: application/json\r\nExpect: 100-continue\r\n"
+                     f"Content-Length: {len(body)}\r\n\r\n".encode())
+        sock.settimeout(5)
+        assert sock.recv(64) == b"HTTP/1.1 100 Continue\r\n\r\n"
+        sock.sendall(body + f"GET /q/{ep.query} HTTP/1.1\r\nHost: x\r\nX-API-Key: {ep.secret}\r\n"
+                            f"Connection: close\r\n\r\n".encode())
+        answer = answer_of(sock)
+    finally:
+        sock.close()
+    assert answer.count(b"HTTP/1.1 200 OK") == 2 and b"100 Continue" not in answer, answer
+    assert b'"two":2' in answer and b'"one":1' in answer
+
+
+def test_a_chunked_body_arriving_in_pieces_is_served(master, api):
+    ep = api.endpoint("SELECT 1 AS one")
+    body = b'{"sql": "SELECT 3 AS three", "connection_name": "%s"}' % ep.connection.encode()
+    sock = connect(master)
+    try:
+        sock.sendall(f"POST /execute_sql HTTP/1.1\r\nHost: x\r\nX-API-Key: {ep.secret}\r\n"
+                     f"Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n"
+                     f"Connection: close\r\n\r\n".encode())
+        for at in range(0, len(body), 10):
+            piece = body[at:at + 10]
+            sock.sendall(b"%x\r\n%s\r\n" % (len(piece), piece))
+            time.sleep(0.02)
+        sock.sendall(b"0\r\n\r\n")
+        answer = answer_of(sock)
+    finally:
+        sock.close()
+    assert answer.startswith(b"HTTP/1.1 200 ") and b'"three":3' in answer, answer
+
+
+def test_two_thousand_idle_and_slow_connections_leave_health_and_lookups_served(master, api):
+    """Many connections held at once (idle, part of a head, part of a body) from many addresses:
+    /health and a saved lookup stay fast; the soak's own size is a benchmark's (loadtests/front.py)."""
+    ep = api.endpoint("SELECT 1 AS one")
+    quiet = [timed_get(master.base + "/health") for _ in range(20)]
+    held = []
+    try:
+        with ThreadPoolExecutor(8) as pool:
+            held = list(pool.map(lambda n: connect(master, f"127.0.{1 + n // 200}.{2 + n % 200}"), range(2000)))
+        for n, sock in enumerate(held):
+            if n % 3:
+                sock.sendall(SLOW_KINDS[n % len(SLOW_KINDS)])
+        loaded = []
+        for _ in range(20):
+            loaded.append(timed_get(master.base + "/health"))
+            assert api.call(ep.query, ep.secret).status == 200
+        assert sorted(loaded)[-2] < max(0.25, 10 * sorted(quiet)[-2]), (quiet, loaded)
+    finally:
+        for sock in held:
+            sock.close()
+
+
+def test_health_and_ready_answer_while_every_thread_waits_on_the_database(master, api):
+    """A slow database holds every request thread: /health and /ready (once its watcher runs)
+    are answered on the loop, not behind them."""
+    ep = api.endpoint("SELECT pg_sleep(3) IS NULL AS slept")
+    assert requests.get(master.base + "/ready", timeout=10).status_code == 200     # starts each worker's watcher
+    assert requests.get(master.base + "/ready", timeout=10).status_code == 200
+    time.sleep(1.5)
+    with ThreadPoolExecutor(24) as pool:
+        calls = [pool.submit(requests.get, f"{master.base}/q/{ep.query}", headers={"X-API-Key": ep.secret},
+                             timeout=30) for _ in range(24)]
+        time.sleep(0.7)                                                         # 16 threads held, 8 calls queued
+        timings = [timed_get(master.base + path) for path in ("/health", "/ready") * 5]
+        assert all(not call.done() for call in calls[:16])
+        assert max(timings) < 1.0, timings
+        assert all(call.result().status_code == 200 for call in calls)
