@@ -84,10 +84,11 @@ class Refused(Exception):
         # Imported here: this module is loaded by the master, which draws no request ids.
         from gateway.request_ids import new_request_id
 
-        body = orjson.dumps({"error": self.message, "code": self.code, "request_id": new_request_id()})
+        request_id = new_request_id()
+        body = orjson.dumps({"error": self.message, "code": self.code, "request_id": request_id})
         reason = _REASONS.get(self.status, "Error")
         head = (f"HTTP/1.1 {self.status} {reason}\r\nConnection: close\r\nContent-Type: application/json\r\n"
-                f"Content-Length: {len(body)}\r\n\r\n")
+                f"X-Request-Id: {request_id}\r\nContent-Length: {len(body)}\r\n\r\n")
         return head.encode("ascii") + body
 
 

@@ -168,7 +168,10 @@ class BalancedThreadWorker(ThreadWorker):
         # Calls the application answers from memory are answered on this loop (below); not with
         # gunicorn's access log on (its lock and writes would be the loop's).
         if self._plain_heads and not self.log.access_log_enabled:
-            self._from_memory = getattr(self.wsgi, "from_memory", None)
+            self._from_memory = getattr(self.wsgi, "loop_answers", None)
+            serve = getattr(self._from_memory, "serve_on_loop", None)
+            if serve is not None:
+                serve()     # /ready's watcher starts looking: the loop answers /ready from its looks
         metrics = getattr(self.wsgi, "metrics", None)
         if metrics is not None:
             self._closed_counter = lambda reason: metrics.front_closed.labels(reason).inc()
@@ -479,7 +482,11 @@ class BalancedThreadWorker(ThreadWorker):
         except OSError:
             data = b""
         if not data:
-            self._front_drop(conn, "", registered=registered)
+            if conn.gw_reading.buf:       # the client stopped sending (half-closed) mid-request: tell it why
+                refusal = Refused(400, "malformed_request", "the connection ended before the request was whole")
+                self._front_refuse(conn, refusal, "incomplete", registered)
+            else:
+                self._front_drop(conn, "", registered=registered)
             return True
         return self._front_feed(conn, data, registered)
 

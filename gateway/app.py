@@ -110,10 +110,11 @@ class Parts:
 
 class GatewayApp(falcon.App):
     """A Falcon app that also holds its gateway parts, so gunicorn hooks can close them, and
-    tells the server which calls it can answer from memory (``from_memory``: the worker's loop
+    tells the server which calls it can answer from memory (``loop_answers``: the worker's loop
     answers those itself, fleet/worker.py)."""
 
-    from_memory: Callable[[str, tuple, str, str | None], Answer | None] | None = None
+    from_memory: FromMemory | None = None
+    loop_answers: Callable[[str, tuple, str, str | None], Answer | None] | None = None
     metrics: Metrics | None = None
 
     def __init__(self, parts: Parts, middleware: list[Any]) -> None:
@@ -201,7 +202,8 @@ def build_app(settings: Settings, ports: Ports | None = None,
     http_errors.install(app)
 
     admin = AdminCheck(settings.admin_key, holder)   # a data key on /api/v1: 403 admin_only
-    app.from_memory = LoopAnswers(from_memory, ready)
+    app.from_memory = from_memory
+    app.loop_answers = LoopAnswers(from_memory, ready)
     app.metrics = metrics
     pipeline = Pipeline(holder, pools, history, settings, admission, cache, schemas, from_memory, admin_caller)
     app.add_route("/q/{name}", QueryResource(pipeline, settings))

@@ -152,7 +152,8 @@ def gunicorn(services, tmp_path_factory, app) -> Master:
     It shares the store and Redis with the in-process app (``app`` is listed so it is
     closed after this master stops): both belong to one fleet.
     """
-    master = Master(services, tmp_path_factory.mktemp("gunicorn-home"), workers=2, instance="")
+    master = Master(services, tmp_path_factory.mktemp("gunicorn-home"), workers=2, instance="",
+                    head_timeout_s=2)     # tests/http/test_errors.py waits for a request_timeout
     try:
         yield master.start(60)
     finally:

@@ -3,9 +3,9 @@
 Both are answered on the server's loop when it asks (``LoopAnswers``, fleet/worker.py), never
 behind the request threads: a liveness probe that waited for a thread would restart a worker
 whose threads are all held by a slow database, the moment it most needs to keep its place.
-``/ready`` is then answered from what its watcher saw at most ``READY_WATCH_S`` ago (a thread
-started by the first ``/ready``, looking once per interval); the first call, and any while the
-watcher has fallen behind, are answered by a thread that looks itself.
+``/ready`` is then answered from what its watcher saw at most ``READY_WATCH_S`` ago (a thread the
+server starts with its loop, looking once per interval: one store ping a second per worker);
+any call while the watcher has fallen behind is answered by a thread that looks itself.
 """
 from __future__ import annotations
 
@@ -61,7 +61,6 @@ class Ready:
             resp.content_type = "application/json"
             resp.set_header("Connection", "close")
             return
-        self._watch()
         status, resp.data = self._render(self._look())
         resp.status = status
         resp.content_type = "application/json"
@@ -73,6 +72,12 @@ class Ready:
         if seen is None or time.monotonic() - seen[0] > 2 * READY_WATCH_S or self.draining():
             return None
         return _json_answer(*self._render(seen[1]))
+
+    def watch(self) -> None:
+        """Look once per ``READY_WATCH_S`` from now on (the server's loop answers from the looks)."""
+        if self._watcher is None:
+            self._watcher = threading.Thread(target=self._watching, name="ready-watch", daemon=True)
+            self._watcher.start()
 
     def close(self) -> None:
         self._stop.set()
@@ -87,12 +92,8 @@ class Ready:
         ok = all(checks.values())
         return 200 if ok else 503, orjson.dumps({"status": "ready" if ok else "not_ready", "checks": checks})
 
-    def _watch(self) -> None:
-        if self._watcher is None:
-            self._watcher = threading.Thread(target=self._watching, name="ready-watch", daemon=True)
-            self._watcher.start()
-
     def _watching(self) -> None:
+        self._look()
         while not self._stop.wait(READY_WATCH_S):
             self._look()
 
@@ -102,11 +103,15 @@ class LoopAnswers:
     plain GET): ``/health``, ``/ready`` (``Ready.on_loop``), and calls answered from memory
     (gateway/pipeline/from_memory.py). None: a thread answers."""
 
-    __slots__ = ("_from_memory", "_ready", "answered")
+    __slots__ = ("_from_memory", "_ready")
 
     def __init__(self, from_memory: FromMemory, ready: Ready) -> None:
         self._from_memory = from_memory
         self._ready = ready
+
+    def serve_on_loop(self) -> None:
+        """The server answers on its loop from now on: ``/ready``'s watcher starts looking."""
+        self._ready.watch()
 
     def __call__(self, target: str, fields: tuple, peer: str, secret: str | None) -> Answer | None:
         if target == "/health":

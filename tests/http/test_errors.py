@@ -13,6 +13,7 @@ import pytest
 from gateway.errors import CODES
 from gateway.http.management import ROUTES
 from gateway.ports import LocalSync
+from helpers import raw
 from helpers.api import Reply
 from helpers.util import ADMIN_KEY, ROOT, free_port, unique
 
@@ -285,7 +286,23 @@ def _post_matching_etag(ctx):
                            headers={"X-API-Key": ep.secret, "If-None-Match": etag})
 
 
+def _from_the_front(data: bytes, wait_s: float = 5.0):
+    """What the worker's front answers (fleet/front.py) to ``data`` on a new connection of the
+    session's gunicorn master (its head timeout: 2 s)."""
+    def produce(ctx):
+        answer = raw.exchange(ctx.gunicorn().port, data, timeout=wait_s)
+        assert answer.count(b"HTTP/1.1 ") == 1, answer         # one response, then the connection closed
+        return raw.reply_of(answer)
+    return produce
+
+
 PRODUCERS = {
+    "malformed_request": _from_the_front(b"POST /execute_sql HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n"
+                                         b"\r\nzz\r\n"),
+    "request_timeout": _from_the_front(b"GET /health HTTP/1.1\r\nHost: x\r\n", wait_s=10),
+    "headers_too_large": _from_the_front(b"GET /health HTTP/1.1\r\nX-Big: " + b"a" * 40_000 + b"\r\n\r\n"),
+    "unsupported_transfer_coding": _from_the_front(b"POST /execute_sql HTTP/1.1\r\nHost: x\r\n"
+                                                   b"Transfer-Encoding: gzip, chunked\r\n\r\n"),
     "invalid_body": lambda ctx: ctx.api.request("POST", "/api/v1/connections", body=b"{not json",
                                                 headers={**ctx.api.admin, "Content-Type": "application/json"}),
     "param_invalid": _call("SELECT :i AS i", {"i": "x"}, spec={"i": {"type": "int"}}),
@@ -371,9 +388,10 @@ def test_every_code_has_a_producer():
 
 
 @pytest.fixture
-def ctx(api, endpoint, make_app, superuser, demo_connection, services):
+def ctx(api, endpoint, make_app, superuser, demo_connection, services, request):
     return SimpleNamespace(api=api, endpoint=endpoint, make_app=make_app, superuser=superuser,
-                           demo=demo_connection, services=services)
+                           demo=demo_connection, services=services,
+                           gunicorn=lambda: request.getfixturevalue("gunicorn"))
 
 
 def check_error(reply, code: str) -> dict:
