@@ -123,6 +123,10 @@ CODES: dict[str, tuple[int, str]] = {
     "quota_exceeded": (429, "The key's calls or rows quota for this day or month is used up; `Retry-After` says when "
                             "it resets."),
     "internal_error": (500, "A bug: reported with its request id, never with internals."),
+    "value_unrenderable": (502, "The result holds a value this gateway has no rendering for in the asked format (a "
+                                "gap in the README's Values table, reported with the request id); nothing of the page "
+                                "was sent. A stream that meets one after its first rows is cut instead (no clean end "
+                                "of the chunked body)."),
     "database_unavailable": (503, "The data database cannot be reached; retry after `Retry-After`."),
     "store_unavailable": (503, "The gateway's store cannot be reached; retry after `Retry-After`."),
     "admission_unavailable": (503, "Redis is unreachable and `GATEWAY_REDIS_FAILURE=closed`; retry after "

@@ -8,6 +8,7 @@ from types import SimpleNamespace
 
 import falcon.testing
 import psycopg2
+import psycopg2.extensions
 import pytest
 
 from gateway.errors import CODES
@@ -285,7 +286,21 @@ def _post_matching_etag(ctx):
                            headers={"X-API-Key": ep.secret, "If-None-Match": etag})
 
 
+def _value_unrenderable(ctx):
+    """No PostgreSQL value lacks a rendering any more (tests/execution/test_values.py): a data
+    session whose int4 values are objects no format knows stands for a gap in the table."""
+    from gateway.execution import values
+    bad = psycopg2.extensions.new_type((23,), "GW_TEST_UNRENDERABLE", lambda text, cur: object())
+    ep = ctx.endpoint("SELECT 1 AS v")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(values, "CASTERS", (*values.CASTERS, bad))
+        client = falcon.testing.TestClient(ctx.make_app())
+        got = client.simulate_get(f"/q/{ep.query}", headers={"X-API-Key": ep.secret})
+    return Reply(got.status_code, got.headers, got.content)
+
+
 PRODUCERS = {
+    "value_unrenderable": _value_unrenderable,
     "invalid_body": lambda ctx: ctx.api.request("POST", "/api/v1/connections", body=b"{not json",
                                                 headers={**ctx.api.admin, "Content-Type": "application/json"}),
     "param_invalid": _call("SELECT :i AS i", {"i": "x"}, spec={"i": {"type": "int"}}),
