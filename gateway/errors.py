@@ -131,6 +131,10 @@ CODES: dict[str, tuple[int, str]] = {
     "internal_error": (500, "A bug: reported with its request id, never with internals."),
     "unsupported_transfer_coding": (501, "The request's Transfer-Encoding is not `chunked` alone (no other coding "
                                          "is supported)."),
+    "value_unrenderable": (502, "The result holds a value this gateway has no rendering for in the asked format (a "
+                                "gap in the README's Values table, reported with the request id); nothing of the page "
+                                "was sent. A stream that meets one after its first rows is cut instead (no clean end "
+                                "of the chunked body)."),
     "database_unavailable": (503, "The data database cannot be reached; retry after `Retry-After`."),
     "store_unavailable": (503, "The gateway's store cannot be reached; retry after `Retry-After`."),
     "admission_unavailable": (503, "Redis is unreachable and `GATEWAY_REDIS_FAILURE=closed`; retry after "

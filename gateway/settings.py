@@ -116,6 +116,13 @@ class Settings:
     pool_size: int = _doc(0, "Pooled sessions per worker per connection. 0: `threads`.")
     stream_fetch_rows: int = _doc(2000, "Rows fetched per round trip when streaming from a "
                                   "server-side cursor (bounds memory).")
+    csv_formula_guard: bool = _doc(True, "CSV and TSV answers prefix a text value that starts with `=`, `+`, `-`, "
+                                   "`@`, a tab or a carriage return with `'` (OWASP's rule against CSV injection), so "
+                                   "that a spreadsheet shows it instead of running it as a formula. Only values of "
+                                   "text types are guarded: numbers, dates and other typed values never are. On by "
+                                   "default because a CSV answer is typically opened in a spreadsheet by someone "
+                                   "other than the author of the data, where a planted `=HYPERLINK(...)` or DDE "
+                                   "formula runs; off only for consumers that need text cells byte for byte.")
     connect_timeout_s: int = _doc(3, "Timeout for opening a data or store session.")
     warm_calls: int = _doc(32, "A starting worker makes, before it serves, the plans of this many of the "
                            "(key, query) pairs the fleet called most in the last `GATEWAY_WARM_WINDOW_S` "

@@ -88,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
     print("\n| driver | client CPU µs/call, median [min-max] | wall µs/call | CPU vs psycopg2 (worst round) |")
     print("|---|---|---|---|")
     for name in DRIVERS:
-        ratios = [mine / base for mine, base in zip(cpu[name], cpu["psycopg2"])]
+        ratios = [mine / base for mine, base in zip(cpu[name], cpu["psycopg2"], strict=True)]
         print(f"| {name} | {statistics.median(cpu[name]):.1f} [{min(cpu[name]):.1f}-{max(cpu[name]):.1f}] | "
               f"{statistics.median(wall[name]):.1f} [{min(wall[name]):.1f}-{max(wall[name]):.1f}] | "
               f"{statistics.median(ratios):.2f}x ({max(ratios):.2f}x) |")

@@ -26,7 +26,8 @@ MAX_VIEWS = 8
 _MAC = 16
 _ALLOWED = {("datetime", n) for n in ("datetime", "date", "time", "timedelta", "timezone")} | \
     {("decimal", "Decimal"), ("uuid", "UUID"), ("builtins", "set"), ("builtins", "frozenset"),
-     ("builtins", "bytearray"), ("builtins", "complex")}
+     ("builtins", "bytearray"), ("builtins", "complex")} | \
+    {("gateway.execution.values", n) for n in ("Number", "Json", "Rendered")}   # a value's exact text, marked
 
 
 class Entry:

@@ -130,8 +130,13 @@ def session_options(statement_timeout_ms: int, read_only: bool, search_path: str
     # encoding (LATIN1, SQL_ASCII) the driver would otherwise encode values and statements
     # itself and fail on a character it cannot encode (a 500); the server's conversion
     # refuses such a character with its SQLSTATE (22P05) instead.
+    # The texts values are answered in (gateway.execution.values) are pinned too, whatever the
+    # database's defaults: bytea as \x hex, floats in their shortest exact text (any positive
+    # extra_float_digits since PostgreSQL 12; 17 digits, exact too, before), intervals in the
+    # postgres style.
     opts = (f"-c statement_timeout={int(statement_timeout_ms)} -c idle_in_transaction_session_timeout=60000"
-            f" -c search_path={path} -c standard_conforming_strings=on -c client_encoding=UTF8")
+            f" -c search_path={path} -c standard_conforming_strings=on -c client_encoding=UTF8"
+            " -c bytea_output=hex -c extra_float_digits=3 -c IntervalStyle=postgres")
     if read_only:
         opts += " -c default_transaction_read_only=on"
     return opts

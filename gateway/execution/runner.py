@@ -16,6 +16,7 @@ import psycopg2.extensions
 
 from ..errors import GatewayError, bad_request, forbidden, unavailable
 from ..model.catalog import Connection, QueryVersion
+from . import values
 from .formats import unique_names
 from .pool import Session, SessionPool, session_options
 
@@ -26,16 +27,6 @@ if TYPE_CHECKING:
 Batches = Generator[list[tuple], None, None]   # a stream's row batches (close() ends it early)
 
 T = TypeVar("T")
-
-# NUMERIC as float, on data sessions only (the store keeps its own types).
-_NUMERIC_AS_FLOAT = psycopg2.extensions.new_type(
-    psycopg2.extensions.DECIMAL.values, "GW_NUMERIC_AS_FLOAT",
-    lambda value, cur: None if value is None else float(value))
-
-
-def _configure_session(conn: psycopg2.extensions.connection) -> None:
-    psycopg2.extensions.register_type(_NUMERIC_AS_FLOAT, conn)
-
 
 class Result:
     __slots__ = ("columns", "rows", "rowcount")
@@ -63,7 +54,7 @@ class Pools:
         if pool is None:
             pool = self._pools.setdefault(key, SessionPool(
                 self._connect_kwargs(connection, writable), self._settings.effective_pool_size(),
-                configure=_configure_session))
+                configure=values.configure))
         return pool
 
     def _connect_kwargs(self, connection: Connection, writable: bool) -> dict:

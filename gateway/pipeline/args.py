@@ -53,7 +53,8 @@ def reserved_args(query: Mapping[str, Any], body: Mapping[str, Any], names: froz
 class CallArgs:
     """The reserved arguments of one call, parsed and checked."""
 
-    __slots__ = ("fmt", "page", "page_size", "version", "timeout_ms", "stream", "cache", "store", "max_age")
+    __slots__ = ("fmt", "page", "page_size", "version", "timeout_ms", "stream", "cache", "store", "max_age",
+                 "formula_guard")
 
     def __init__(self, raw: dict, settings: Settings) -> None:
         fmt = raw.get("format") or "json"
@@ -82,6 +83,7 @@ class CallArgs:
         # ``Cache-Control: max-age=N`` (RFC 9111, 5.2.1.1): a cached answer older than N seconds
         # (its ``Age``) is not taken; the database answers and the entry is refreshed.
         self.max_age: int | None = raw.get(MAX_AGE)
+        self.formula_guard = settings.csv_formula_guard   # CSV/TSV text that would run as a formula
 
     @staticmethod
     def _cache(raw: object) -> bool:

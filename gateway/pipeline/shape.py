@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
-from ..execution.formats import CONTENT_TYPES, RENDERERS, stream_chunks
+from ..execution.formats import CONTENT_TYPES, render, stream_chunks
 
 if TYPE_CHECKING:
     import falcon
@@ -25,7 +25,7 @@ def send_page(resp: falcon.Response, args: CallArgs, size: int, plan: CallPlan, 
     if has_more:
         rows = rows[:size]
     columns, rows = plan.apply(result.columns, rows)
-    resp.data = RENDERERS[args.fmt](columns, rows)
+    resp.data = render(args.fmt, columns, rows, args.formula_guard)   # before any header: an error is whole
     resp.content_type = CONTENT_TYPES[args.fmt]
     resp.set_header("X-Page", str(args.page))
     resp.set_header("X-Page-Size", str(size))
@@ -44,7 +44,7 @@ def send_stream(resp: falcon.Response, args: CallArgs, plan: CallPlan, columns: 
         out = plan.columns(columns)
         batches = _masked(plan, columns, batches)
         columns = out
-    resp.stream = stream_chunks(args.fmt, columns, _metered(batches, limit, take))
+    resp.stream = stream_chunks(args.fmt, columns, _metered(batches, limit, take), args.formula_guard)
     resp.content_type = CONTENT_TYPES[args.fmt]
     resp.set_header("X-Stream", "true")
 

@@ -51,7 +51,8 @@ def test_renderers():
     assert render_csv(columns, rows).decode() == \
         "a,b,c\n1,2024-01-02,true\n,2024-01-02T03:04:00+00:00,false\n"
     assert render_csv(("j",), [({"k": [1, "a,b"]},)]).decode() == 'j\n"{""k"":[1,""a,b""]}"\n'
-    assert json.loads(render_json(("raw",), [(b"\xff\x01",)])) == [{"raw": "\ufffd\x01"}]
+    # bytes (no data session makes them any more: bytea arrives as its \x hex text) as PostgreSQL writes bytea
+    assert json.loads(render_json(("raw",), [(b"\xff\x01",)])) == [{"raw": "\\xff01"}]
 
 
 def test_stream_chunks_write_the_header_once():
@@ -67,7 +68,7 @@ def test_json(api, endpoint):
     assert got.status == 200, got
     assert got.headers["Content-Type"] == "application/json"
     assert got.json == EXPECTED
-    assert all(isinstance(row["amount"], float) for row in got.json)  # NUMERIC as float
+    assert all(isinstance(row["amount"], float) for row in got.json)  # NUMERIC as a JSON number (its exact text)
 
 
 def test_ndjson(api, endpoint):
@@ -134,12 +135,12 @@ def test_duplicate_column_names_are_kept(api, endpoint, fmt, stream):
 
 def test_tsv_xml_and_yaml_renderers():
     """QueryAPIGate's shapes: TSV quoted as CSV where needed; XML ``<data><item>`` with column names made
-    element names and NULL empty; YAML a block list of mappings in column order; timestamps ISO 8601."""
+    element names and NULL empty (marked ``null="true"``, so that it differs from an empty string); YAML a block list of mappings in column order; timestamps ISO 8601."""
     columns = ("a", "b c", "1d")
     rows = [(1, "x\ty", None), (2.5, datetime(2024, 1, 2, 3, 4, tzinfo=UTC), True)]
     assert render_tsv(columns, rows).decode() == 'a\tb c\t1d\n1\t"x\ty"\t\n2.5\t2024-01-02T03:04:00+00:00\ttrue\n'
     assert render_xml(columns, rows).decode() == (
-        "<data><item><a>1</a><b_c>x\ty</b_c><_1d /></item>"
+        "<data><item><a>1</a><b_c>x\ty</b_c><_1d null=\"true\" /></item>"
         "<item><a>2.5</a><b_c>2024-01-02T03:04:00+00:00</b_c><_1d>True</_1d></item></data>")
     assert render_xml(("x",), [("<&>",)]).decode() == "<data><item><x>&lt;&amp;&gt;</x></item></data>"
     assert render_yaml(columns, rows).decode() == (
