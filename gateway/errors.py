@@ -66,6 +66,10 @@ CODES: dict[str, tuple[int, str]] = {
                           "range; `errors` names the fields where it can."),
     "param_invalid": (400, "A query parameter failed validation; `errors` maps each field to its problem."),
     "param_required": (400, "A required query parameter is missing; `errors` names it."),
+    "pattern_unsupported": (400, "A parameter's `pattern` cannot run on RE2, the linear-time engine patterns are "
+                                 "matched with: a backreference, a lookaround, a possessive quantifier, `\\Z`, "
+                                 "more than 1000 repetitions, or more than 2,000 compiled instructions; `errors` "
+                                 "names the parameter and RE2's reason."),
     "invalid_paging": (400, "`page` or `page_size` is not a positive integer, or `page_size` is above "
                             "`GATEWAY_MAX_PAGE_SIZE`."),
     "invalid_format": (400, "`format` is not one of `json`, `ndjson`, `csv`, `tsv`, `xml`, `yaml`."),

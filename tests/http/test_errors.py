@@ -290,6 +290,9 @@ PRODUCERS = {
                                                 headers={**ctx.api.admin, "Content-Type": "application/json"}),
     "param_invalid": _call("SELECT :i AS i", {"i": "x"}, spec={"i": {"type": "int"}}),
     "param_required": _call("SELECT :i AS i", spec={"i": {"type": "int", "required": True}}),
+    "pattern_unsupported": lambda ctx: ctx.api.manage("POST", "/queries", {
+        "name": unique("q"), "connection_name": ctx.demo, "sql": "SELECT :s AS s",
+        "parameters": {"s": {"type": "str", "pattern": r"(\w)\1"}}}),
     "invalid_paging": _call("SELECT 1", {"page": "0"}),
     "invalid_format": _call("SELECT 1", {"format": "xlsx"}),
     "invalid_timeout": _call("SELECT 1", {"timeout": "abc"}),
