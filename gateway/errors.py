@@ -119,6 +119,9 @@ CODES: dict[str, tuple[int, str]] = {
                                             "`PATCH /api/v1/connections/<name>`."),
     "precondition_failed": (412, "A `POST /q/<name>` sent `If-None-Match` naming the ETag of the answer it would get "
                                  "(RFC 9110, 13.1.2: a GET is answered 304 then, any other method 412)."),
+    "malformed_body": (400, "The request body could not be read: its chunked framing is malformed (a bad chunk size "
+                            "or extension, a chunk without its CRLF) or it ended before its `Content-Length`. The "
+                            "answer says `Connection: close`, and the connection closes after it."),
     "payload_too_large": (413, "The body is larger than `GATEWAY_MAX_BODY_BYTES`."),
     "unsupported_media_type": (415, "The body must be `application/json`."),
     "rate_limited": (429, "The client IP's or the key's rate limit is spent; `Retry-After` says when to retry."),

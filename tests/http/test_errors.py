@@ -277,6 +277,29 @@ def _twice(sql, **key_fields):
     return produce
 
 
+class _BrokenBody:
+    """A request body whose reading fails, as gunicorn's does on a bad chunk size
+    (tests/fleet/test_malformed_bodies.py sends the real bytes to a real master)."""
+
+    def read(self, size=-1):
+        raise OSError("Invalid chunk size: 'zz'")
+
+    readline = readlines = read
+
+    def __iter__(self):
+        return iter(())
+
+
+def _malformed_body(ctx):
+    ep = ctx.endpoint("SELECT 1 AS one")
+    got = ctx.client.simulate_post(f"/q/{ep.query}", headers={"X-API-Key": ep.secret,
+                                                               "Content-Type": "application/json",
+                                                               "Transfer-Encoding": "chunked"},
+                                   extras={"wsgi.input": _BrokenBody(), "wsgi.input_terminated": True})
+    assert got.headers["Connection"] == "close"
+    return _raw(got)
+
+
 def _post_matching_etag(ctx):
     """A POST whose If-None-Match names the ETag of the (cached) answer it would get."""
     ep = ctx.endpoint("SELECT 1 AS one", cache_ttl=60)
@@ -300,6 +323,7 @@ PRODUCERS = {
     "invalid_version": _call("SELECT 1", {"version": "abc"}),
     "invalid_cache": _call("SELECT 1", {"cache": "sometimes"}),
     "precondition_failed": _post_matching_etag,
+    "malformed_body": _malformed_body,
     "invalid_sql": lambda ctx: ctx.api.manage("POST", "/queries", {"name": unique("q"), "connection_name": ctx.demo,
                                                                     "sql": "SELECT 'unterminated"}),
     "multiple_statements": _save("SELECT 1; SELECT 2"),
@@ -374,8 +398,8 @@ def test_every_code_has_a_producer():
 
 
 @pytest.fixture
-def ctx(api, endpoint, make_app, superuser, demo_connection, services):
-    return SimpleNamespace(api=api, endpoint=endpoint, make_app=make_app, superuser=superuser,
+def ctx(api, client, endpoint, make_app, superuser, demo_connection, services):
+    return SimpleNamespace(api=api, client=client, endpoint=endpoint, make_app=make_app, superuser=superuser,
                            demo=demo_connection, services=services)
 
 
