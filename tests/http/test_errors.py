@@ -324,6 +324,8 @@ PRODUCERS = {
     "invalid_cache": _call("SELECT 1", {"cache": "sometimes"}),
     "precondition_failed": _post_matching_etag,
     "malformed_body": _malformed_body,
+    "metrics_disabled": lambda ctx: _raw(falcon.testing.TestClient(ctx.make_app(sync=LocalSync(), metrics_token=""))
+                                         .simulate_get("/metrics", headers={"Authorization": "Bearer x"})),
     "invalid_sql": lambda ctx: ctx.api.manage("POST", "/queries", {"name": unique("q"), "connection_name": ctx.demo,
                                                                     "sql": "SELECT 'unterminated"}),
     "multiple_statements": _save("SELECT 1; SELECT 2"),
