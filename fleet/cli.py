@@ -208,7 +208,8 @@ def up(settings: Settings, instances: int, seed_demo: bool = True) -> dict:
     base = f"http://{settings.bind}"
     if not _wait_http(base + "/health", 30):
         raise SystemExit(f"nothing answers on {base}")
-    result = {"base_url": base, "admin_key": settings.admin_key, "instances": binds}
+    result = {"base_url": base, "admin_key": settings.admin_key, "metrics_token": settings.metrics_token,
+              "instances": binds}
     # The demo lives on the embedded PostgreSQL; with your own database, seed with `fleet seed`.
     if seed_demo and embedded_store:
         result["demo_key"] = _seed_embedded(settings, base, home)
@@ -339,6 +340,9 @@ def _print_welcome(result: dict) -> None:
         print(f"  curl -s -H 'X-API-Key: {key}' '{base}/q/customers?country=US&format=csv'")
     print("Manage it (admin key in GATEWAY_ADMIN_KEY or the home folder):")
     print(f"  curl -s -H 'X-API-Key: {result['admin_key']}' {base}/api/v1/queries")
+    if result.get("metrics_token"):
+        print("Prometheus metrics (token in GATEWAY_METRICS_TOKEN or the home folder's metrics_token):")
+        print(f"  curl -s -H 'Authorization: Bearer {result['metrics_token']}' {base}/metrics")
     print("Stop it: .venv/bin/fleet down")
 
 

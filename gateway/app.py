@@ -30,7 +30,7 @@ from .http import errors as http_errors
 from .http import management
 from .http.adhoc import AdHoc
 from .http.cache import CacheEntriesResource, CacheEntryResource
-from .http.common import AdminCheck
+from .http.common import SERVER_START, AdminCheck
 from .http.docs import DocsAsset, DocsPage
 from .http.events import Events as EventsResource
 from .http.health import Health, LoopAnswers, Ready
@@ -120,6 +120,11 @@ class GatewayApp(falcon.App):
     def __init__(self, parts: Parts, middleware: list[Any]) -> None:
         super().__init__(media_type=falcon.MEDIA_JSON, middleware=middleware)
         self.parts = parts
+
+    def __call__(self, env: dict, start_response: Callable) -> Any:
+        # Kept for an answer that must close its connection (gateway.http.common.close_after).
+        env[SERVER_START] = start_response
+        return super().__call__(env, start_response)
 
 
 def worker_name() -> str:

@@ -66,6 +66,10 @@ CODES: dict[str, tuple[int, str]] = {
                           "range; `errors` names the fields where it can."),
     "param_invalid": (400, "A query parameter failed validation; `errors` maps each field to its problem."),
     "param_required": (400, "A required query parameter is missing; `errors` names it."),
+    "pattern_unsupported": (400, "A parameter's `pattern` cannot run on RE2, the linear-time engine patterns are "
+                                 "matched with: a backreference, a lookaround, a possessive quantifier, `\\Z`, "
+                                 "more than 1000 repetitions, or more than 2,000 compiled instructions; `errors` "
+                                 "names the parameter and RE2's reason."),
     "invalid_paging": (400, "`page` or `page_size` is not a positive integer, or `page_size` is above "
                             "`GATEWAY_MAX_PAGE_SIZE`."),
     "malformed_request": (400, "The request's framing is malformed (RFC 9112): a bare LF, a header line that is not "
@@ -87,11 +91,15 @@ CODES: dict[str, tuple[int, str]] = {
                           "with the request id."),
     "too_many_rows_affected": (400, "A write touched more rows than its query's `max_affected_rows`; it was rolled "
                                     "back."),
-    "unauthorized": (401, "No API key, an unknown key, or a wrong admin key."),
+    "unauthorized": (401, "No API key, an unknown key, or a wrong admin key; on `/metrics`, a missing or wrong "
+                          "metrics token."),
     "key_expired": (401, "The API key has passed its `expires_at`."),
     "admin_only": (403, "A data key was sent to the Management API, which needs the admin key."),
     "connection_forbidden": (403, "The key is granted neither the query (by name, or `\"*\"`) nor its connection "
                              "(grants are additive); for `/execute_sql`, the key is not granted the connection."),
+    "metrics_disabled": (403, "`GET /metrics` with no `GATEWAY_METRICS_TOKEN` configured: it is off for every "
+                              "caller (its series name the queries called); set the token and scrape with "
+                              "`Authorization: Bearer <token>`."),
     "connection_inactive": (403, "The connection is marked inactive."),
     "write_not_allowed": (403, "The query writes, or calls a function with side effects (`nextval`, advisory locks, "
                                "`txid_current`, ...), and the key or the server does not allow writes."),

@@ -214,7 +214,10 @@ class Settings:
     events_maxlen: int = _doc(2000, "Entries kept in the fleet's event stream (one per history batch or change; "
                               "`/events` resumes from `Last-Event-ID` within them).")
     events_max_streams: int = _doc(16, "Concurrent `/events` streams per worker (each holds a thread).")
-    metrics_token: str = _doc("", "When set, `GET /metrics` needs `Authorization: Bearer <token>`.")
+    metrics_token: str = _doc("", "Bearer token of `GET /metrics` (Prometheus' `authorization` scrape setting "
+                              "sends `Authorization: Bearer <token>`). Unset, `/metrics` answers 403 "
+                              "`metrics_disabled` to everyone: its series name every query called. The "
+                              "embedded default generates one into `<home>/metrics_token`.")
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> Settings:

@@ -35,7 +35,7 @@ from gateway.settings import Settings
 from helpers.api import Api
 from helpers.masters import Master
 from helpers.services import PG_PORT, PRIVATE_PG_PORT, PRIVATE_REDIS_PORT, REDIS_PORT, start_services
-from helpers.util import ADMIN_KEY, PASSWORD_ENV, SECRET_KEY, unique
+from helpers.util import ADMIN_KEY, METRICS_TOKEN, PASSWORD_ENV, SECRET_KEY, unique
 
 
 # --- servers ---------------------------------------------------------------------------
@@ -66,7 +66,7 @@ def private_services(tmp_path_factory):
 @pytest.fixture(scope="session")
 def settings(services, tmp_path_factory) -> Settings:
     return Settings(database_url=services.store_url, redis_url=services.redis_url,
-                    admin_key=ADMIN_KEY, secret_key=SECRET_KEY,
+                    admin_key=ADMIN_KEY, secret_key=SECRET_KEY, metrics_token=METRICS_TOKEN,
                     home=str(tmp_path_factory.mktemp("gw-home")), log_level="warning",
                     # Timeout tests need a slow statement; the deny list refuses pg_sleep by default.
                     allow_functions="pg_sleep")

@@ -12,7 +12,7 @@ servers, bound to 127.0.0.1 only, with generated passwords kept in ``<home>`` (m
                            role: it may only run the load tests' deposit UPDATE
     <home>/redis.conf      generated Redis config (holds the password, so 0600)
     <home>/redis.pid, redis.log, redis_password
-    <home>/admin_key, secret_key   generated once when not configured
+    <home>/admin_key, secret_key, metrics_token   generated once when not configured
     <home>/.lock           flock taken while starting servers or generating secrets
 
 Running as root: ``initdb``/``pg_ctl`` refuse root, so they run as the ``postgres`` system
@@ -364,12 +364,14 @@ def ensure_embedded(settings: Settings) -> dict[str, str]:
         rd = LocalRedis(home, settings.redis_port)
         rd.start()
         env["GATEWAY_REDIS_URL"] = rd.url()
-    if not settings.admin_key or not settings.secret_key:
+    if not settings.admin_key or not settings.secret_key or not settings.metrics_token:
         with _home_lock(home):
             if not settings.admin_key:
                 env["GATEWAY_ADMIN_KEY"] = _secret_file(home / "admin_key")
             if not settings.secret_key:
                 env["GATEWAY_SECRET_KEY"] = _secret_file(home / "secret_key")
+            if not settings.metrics_token:   # /metrics is off without one (gateway/http/metrics.py)
+                env["GATEWAY_METRICS_TOKEN"] = _secret_file(home / "metrics_token")
     return env
 
 

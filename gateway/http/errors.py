@@ -9,7 +9,7 @@ import falcon
 import orjson
 
 from ..errors import GatewayError
-from .common import request_id
+from .common import chunked_body_left_unread, close_after, request_id
 
 log = logging.getLogger("gateway")
 
@@ -25,6 +25,10 @@ def send_error(req: falcon.Request, resp: falcon.Response, error: GatewayError) 
     if error.headers:
         for name, value in error.headers.items():
             resp.set_header(name, value)
+    env = req.env
+    if (error.headers and error.headers.get("Connection") == "close") or chunked_body_left_unread(env):
+        resp.set_header("Connection", "close")
+        close_after(env)
 
 
 def on_gateway_error(req: falcon.Request, resp: falcon.Response, ex: GatewayError, params: dict) -> None:

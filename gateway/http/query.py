@@ -13,7 +13,7 @@ from ..errors import bad_request
 from ..pipeline import RESERVED, CallArgs, SavedCall, split_reserved
 from ..pipeline.args import MAX_AGE, NO_STORE, reserved_args
 from ..pipeline.from_memory import REPLAYABLE, FromMemory
-from .common import client_ip, read_json, request_id
+from .common import check_body_head, client_ip, read_json, request_id
 
 if TYPE_CHECKING:
     import falcon
@@ -52,6 +52,14 @@ class QueryResource:
         self._run(req, resp, SavedCall(name, params, reserved, True, self._settings, self._defaults), request)
 
     def on_post(self, req: falcon.Request, resp: falcon.Response, name: str) -> None:
+        # The head's checks only (declared length, media type): the body is read once the key
+        # is known (SavedCall.resolve), so a stranger's body is never read, nor parsed.
+        check_body_head(req, self._settings.max_body_bytes)
+        call = SavedCall(name, {}, {}, False, self._settings, self._defaults, arguments=lambda: self._body_args(req))
+        self._run(req, resp, call, None)
+
+    def _body_args(self, req: falcon.Request) -> tuple[dict, dict]:
+        """A POST's parameters and reserved arguments, from its JSON body (and query string)."""
         body = read_json(req, self._settings.max_body_bytes)
         params = body.get("params", {})
         if not isinstance(params, dict):
@@ -63,7 +71,7 @@ class QueryResource:
         control = req.env.get("HTTP_CACHE_CONTROL")
         if control is not None:
             reserved = _no_cache(control, reserved)
-        self._run(req, resp, SavedCall(name, params, reserved, False, self._settings, self._defaults), None)
+        return params, reserved
 
     def _run(self, req: falcon.Request, resp: falcon.Response, call: SavedCall, request: tuple | None) -> None:
         env = req.env

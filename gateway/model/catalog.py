@@ -54,7 +54,7 @@ class QueryVersion:
 
     def __init__(self, name: str, row: dict, connection: Connection) -> None:
         analysis = row["extra"]["analysis"]
-        specs = compile_specs(row["parameters"])
+        specs = compile_specs(row["parameters"], stored=True)
         by_name = {s.name: i for i, s in enumerate(specs)}
         self.query_id = row["query_id"]
         self.name = name

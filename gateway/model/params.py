@@ -15,6 +15,7 @@ from typing import Any
 
 from ..errors import bad_request
 from ..settings import FALSE_WORDS, TRUE_WORDS
+from . import patterns
 
 TYPES = ("int", "float", "str", "bool", "date", "datetime")
 # QueryAPIGate's JSON type names, accepted as written and shown back (a saved rule reads back as
@@ -95,9 +96,10 @@ def _typed_text(kind: str, text: str) -> Any:
 
 class ParamSpec:
     __slots__ = ("name", "kind", "required", "default", "enum", "min", "max", "min_length",
-                 "max_length", "pattern", "description", "_regex")
+                 "max_length", "pattern", "description", "_regex", "_refused")
 
-    def __init__(self, name: str, doc: Mapping[str, Any]) -> None:
+    def __init__(self, name: str, doc: Mapping[str, Any], stored: bool = False) -> None:
+        """``stored``: read back from the store (a catalog load), not being saved."""
         if not isinstance(doc, Mapping):
             raise ParamError("must be an object")
         unknown = set(doc) - SPEC_FIELDS
@@ -117,10 +119,8 @@ class ParamSpec:
         pattern = doc.get("pattern")
         if pattern is not None and not isinstance(pattern, str):
             raise ParamError("pattern must be a string")
-        try:
-            self._regex = re.compile(pattern) if pattern else None
-        except re.error as exc:
-            raise ParamError(f"pattern is not a valid regular expression: {exc}") from None
+        self._regex, refused = _compiled(pattern, stored)
+        self._refused = None
         self.pattern = pattern
         self.enum = None
         enum = doc.get("enum")
@@ -136,6 +136,10 @@ class ParamSpec:
         if not isinstance(required, bool):
             raise ParamError("required must be true or false")
         self.required = required
+        # Stored by a release that ran patterns on Python's re, and not runnable on RE2: the
+        # catalog still loads (every other query is served), and a value for this parameter is
+        # refused until the query is saved again. Set last: the default and enum were checked.
+        self._refused = refused
 
     @staticmethod
     def _number(doc: Mapping[str, Any], key: str) -> int | float | None:
@@ -174,8 +178,14 @@ class ParamSpec:
                 raise ParamError(f"must be at least {self.min_length} characters")
             if self.max_length is not None and len(value) > self.max_length:
                 raise ParamError(f"must be at most {self.max_length} characters")
-            if self._regex is not None and not self._regex.fullmatch(value):
-                raise ParamError(f"must match {self.pattern}")
+            if self._refused is not None:
+                raise ParamError(f"cannot be checked: {self._refused}; the query must be saved again")
+            if self._regex is not None:
+                if len(value) > patterns.MAX_INPUT:
+                    raise ParamError(f"must be at most {patterns.MAX_INPUT} characters to be checked against "
+                                     f"its pattern")
+                if not self._regex.matches(value):
+                    raise ParamError(f"must match {self.pattern}")
         if kind in ("int", "float"):
             if self.min is not None and value < self.min:
                 raise ParamError(f"must be >= {self.min}")
@@ -197,13 +207,27 @@ class ParamSpec:
         return doc
 
 
-def compile_specs(doc: Any) -> list[ParamSpec]:
-    """Check a saved query's ``parameters`` object; raises a 400 naming every bad field."""
+def _compiled(pattern: str | None, stored: bool) -> tuple[patterns.Pattern | None, str | None]:
+    """The pattern compiled, and why a stored one cannot be (None when it can)."""
+    if not pattern:
+        return None, None
+    try:
+        return patterns.Pattern(pattern), None
+    except patterns.PatternError as exc:
+        if stored:
+            return None, str(exc)
+        raise
+
+
+def compile_specs(doc: Any, stored: bool = False) -> list[ParamSpec]:
+    """Check a saved query's ``parameters`` object; raises a 400 naming every bad field:
+    ``pattern_unsupported`` when the only problems are patterns RE2 cannot run.
+    ``stored``: the parameters of a stored version (see ``ParamSpec``)."""
     if doc is None:
         return []
     if not isinstance(doc, Mapping):
         raise bad_request("invalid_body", "parameters must be an object")
-    specs, errors = [], {}
+    specs, errors, unsupported = [], {}, set()
     for name, spec_doc in doc.items():
         if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]{0,62}", name):
             errors[name] = "is not a valid parameter name"
@@ -211,10 +235,17 @@ def compile_specs(doc: Any) -> list[ParamSpec]:
         if isinstance(spec_doc, str):  # QueryAPIGate's short form: "aid": "int"
             spec_doc = {"type": spec_doc}
         try:
-            specs.append(ParamSpec(name, spec_doc))
+            specs.append(ParamSpec(name, spec_doc, stored))
+        except patterns.PatternError as exc:
+            errors[name] = str(exc)
+            if exc.unsupported:
+                unsupported.add(name)
         except ParamError as exc:
             errors[name] = str(exc)
     if errors:
+        if set(errors) == unsupported:
+            raise bad_request("pattern_unsupported", "a parameter's pattern cannot run on the linear-time "
+                              "engine (RE2)", errors=errors)
         raise bad_request("invalid_body", "invalid parameter definitions", errors=errors)
     return specs
 

@@ -3,7 +3,7 @@ its declared parameters, and how it runs (a prepared statement; a stream binds c
 literals, see ``gateway.sql.binding``)."""
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from ..errors import bad_request, forbidden, not_found
@@ -18,11 +18,14 @@ if TYPE_CHECKING:
 
 
 class SavedCall:
-    __slots__ = ("name", "version", "connection", "_params", "_reserved", "_from_text", "_settings", "_defaults")
+    __slots__ = ("name", "version", "connection", "_params", "_reserved", "_from_text", "_settings", "_defaults",
+                 "_arguments")
     admit_before_plan = False   # a saved version was analysed when it was saved
 
     def __init__(self, name: str, params: Mapping[str, Any], reserved: dict, from_text: bool, settings: Settings,
-                 defaults: CallArgs) -> None:
+                 defaults: CallArgs, arguments: Callable[[], tuple[Mapping[str, Any], dict]] | None = None) -> None:
+        """``arguments``: where ``params`` and ``reserved`` come from a request body (a POST),
+        what reads them (http's job), called once the caller is known, before anything else."""
         self.name = name
         self.version: int | None = None
         self.connection: Connection | None = None
@@ -31,8 +34,11 @@ class SavedCall:
         self._from_text = from_text      # query-string text (parsed strictly) or typed JSON values
         self._settings = settings
         self._defaults = defaults        # most calls pass no reserved argument: parsed once
+        self._arguments = arguments
 
     def resolve(self, catalog: Catalog, key: ApiKey) -> QueryVersion:
+        if self._arguments is not None:   # the body is read once the caller is known (a stranger's is not)
+            self._params, self._reserved = self._arguments()
         query = catalog.queries.get(self.name)
         if query is None:
             raise not_found("query_not_found", f"no published query '{self.name}'")

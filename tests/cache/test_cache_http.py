@@ -7,7 +7,7 @@ import falcon.testing
 import pytest
 
 from helpers.api import Api
-from helpers.util import unique, wait_until
+from helpers.util import METRICS_AUTH, unique, wait_until
 
 READ = "SELECT id, secret, n FROM {t} WHERE n >= :min ORDER BY id"
 PARAMS = {"min": {"type": "int", "default": 0}}
@@ -321,7 +321,7 @@ def test_metrics_count_hits_misses_and_bytes(app, api, endpoint, table):
     assert states == ["miss", "hit", "bypass"], states
     assert (cache.hits - hits, cache.misses - misses) == (1, 1) and cache.memory.bytes > 0
     app.parts.history.flush() if hasattr(app.parts.history, "flush") else None
-    text = api.request("GET", "/metrics").text
+    text = api.request("GET", "/metrics", headers=METRICS_AUTH).text
     for name in ("gateway_cache_hits_total", "gateway_cache_misses_total", "gateway_cache_shared_fills_total",
                  "gateway_cache_evictions_total", "gateway_cache_bytes", "gateway_cache_entries"):
         assert name in text, name

@@ -11,7 +11,7 @@ import pytest
 import requests
 
 from helpers.load import Load, statuses
-from helpers.util import unique
+from helpers.util import METRICS_AUTH, unique
 
 
 @pytest.fixture
@@ -38,7 +38,7 @@ def test_a_worker_that_misses_fills_from_another_workers_answer(fleet_api, maste
     states, fills, metrics = [], 0.0, ""
     while fills < 1 and len(states) < 600:
         states += [cold_call(master.base, f"/q/{query}", secret).headers["X-Cache"] for _ in range(30)]
-        metrics = requests.get(master.base + "/metrics", timeout=10).text
+        metrics = requests.get(master.base + "/metrics", headers=METRICS_AUTH, timeout=10).text
         fills = sum(float(v) for v in re.findall(r"^gateway_cache_shared_fills_total (\S+)$", metrics, re.M))
     # One database call for the whole master: every other worker filled from Redis, then from memory.
     assert states.count("miss") == 1 and states.count("hit") == len(states) - 1, states

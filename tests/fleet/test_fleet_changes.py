@@ -15,7 +15,7 @@ from helpers.api import Api
 from helpers.history import key_id, runs_by_worker
 from helpers.load import Load, statuses
 from helpers.masters import Master
-from helpers.util import unique, wait_until
+from helpers.util import METRICS_AUTH, unique, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -32,7 +32,7 @@ def master(services, tmp_path_factory):
 
 
 def counter(base: str, name: str) -> float:
-    text = requests.get(base + "/metrics", timeout=10).text
+    text = requests.get(base + "/metrics", headers=METRICS_AUTH, timeout=10).text
     return sum(s.value for f in text_string_to_metric_families(text) for s in f.samples if s.name == name)
 
 

@@ -138,11 +138,11 @@ def test_redis_start_twice_is_harmless(rd):
 def test_ensure_embedded(pg, rd, settings, home):
     env = ensure_embedded(settings)
     assert set(env) == {"GATEWAY_DATABASE_URL", "GATEWAY_REDIS_URL",
-                        "GATEWAY_ADMIN_KEY", "GATEWAY_SECRET_KEY"}
+                        "GATEWAY_ADMIN_KEY", "GATEWAY_SECRET_KEY", "GATEWAY_METRICS_TOKEN"}
     assert env["GATEWAY_DATABASE_URL"].endswith("/gateway")
     assert _select_one(env["GATEWAY_DATABASE_URL"]) == 1
     assert redis.Redis.from_url(env["GATEWAY_REDIS_URL"]).ping() is True
-    for name in ("admin_key", "secret_key"):
+    for name in ("admin_key", "secret_key", "metrics_token"):
         assert _mode(home / name) == 0o600
         assert len(env[f"GATEWAY_{name.upper()}"]) >= 40
 
@@ -153,7 +153,7 @@ def test_ensure_embedded(pg, rd, settings, home):
 def test_ensure_embedded_leaves_configured_values_alone(pg, rd, settings):
     configured = Settings(home=settings.home, pg_port=PG_PORT, redis_port=REDIS_PORT,
                           database_url="postgresql://elsewhere/db", redis_url="redis://elsewhere",
-                          admin_key="a", secret_key="s")
+                          admin_key="a", secret_key="s", metrics_token="m")
     assert ensure_embedded(configured) == {}
 
 

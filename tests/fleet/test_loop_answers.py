@@ -14,7 +14,7 @@ import requests
 
 from helpers.api import Api
 from helpers.masters import Master
-from helpers.util import unique
+from helpers.util import METRICS_AUTH, unique
 
 ROWS = 1000
 
@@ -48,7 +48,7 @@ def loop_answers(master: Master) -> float:
     """gateway_loop_answers_total, once the worker's metrics have caught up (they are written
     with the history, every flush)."""
     time.sleep(0.3)
-    text = requests.get(master.base + "/metrics", timeout=10).text
+    text = requests.get(master.base + "/metrics", headers=METRICS_AUTH, timeout=10).text
     return sum(float(v) for v in re.findall(r"^gateway_loop_answers_total (\S+)$", text, re.M))
 
 

@@ -23,7 +23,7 @@ import redis
 
 from fleet.local import LocalPostgres, LocalRedis
 from fleet.local.demo import create_demo_data
-from helpers.util import ADMIN_KEY, PASSWORD_ENV, SECRET_KEY
+from helpers.util import ADMIN_KEY, METRICS_TOKEN, PASSWORD_ENV, SECRET_KEY
 
 
 def env_port(*names: str, default: int) -> int:
@@ -92,6 +92,7 @@ class Services:
         env = {k: v for k, v in os.environ.items() if not k.startswith("GATEWAY_")}
         env.update({"GATEWAY_DATABASE_URL": self.store_url, "GATEWAY_REDIS_URL": self.redis_url,
                     "GATEWAY_ADMIN_KEY": ADMIN_KEY, "GATEWAY_SECRET_KEY": SECRET_KEY,
+                    "GATEWAY_METRICS_TOKEN": METRICS_TOKEN,
                     "GATEWAY_HOME": str(home), "GATEWAY_LOG_LEVEL": "warning",
                     # Timeout tests need a slow statement; the deny list refuses pg_sleep by default.
                     "GATEWAY_ALLOW_FUNCTIONS": "pg_sleep",

@@ -14,6 +14,9 @@ ROOT = Path(__file__).resolve().parents[2]
 # are encrypted with the secret key.
 ADMIN_KEY = "test-admin-" + uuid.uuid4().hex
 SECRET_KEY = "test-secret-" + uuid.uuid4().hex
+# The metrics token of every gateway process of the session: /metrics answers nothing without one.
+METRICS_TOKEN = "test-metrics-" + uuid.uuid4().hex
+METRICS_AUTH = {"Authorization": f"Bearer {METRICS_TOKEN}"}
 # Connections refer to their database's password as ${GW_TEST_DEMO_PASSWORD}: every gateway
 # process reads it from its environment (``Services.env``; the session fixture sets it in
 # this process's own for the in-process apps).

@@ -279,6 +279,35 @@ def _twice(sql, **key_fields):
     return produce
 
 
+class _BrokenBody:
+    """A request body whose reading fails, as gunicorn's does on a bad chunk size
+    (tests/fleet/test_malformed_bodies.py sends the real bytes to a real master)."""
+
+    def read(self, size=-1):
+        raise OSError("Invalid chunk size: 'zz'")
+
+    readline = readlines = read
+
+    def __iter__(self):
+        return iter(())
+
+
+def test_a_body_the_application_cannot_read_is_malformed_request(ctx):
+    """Behind a server without the front (TLS, another server), a body that breaks while the
+    application reads it is the same typed 400, and closes."""
+    check_error(_malformed_body(ctx), "malformed_request")
+
+
+def _malformed_body(ctx):
+    ep = ctx.endpoint("SELECT 1 AS one")
+    got = ctx.client.simulate_post(f"/q/{ep.query}", headers={"X-API-Key": ep.secret,
+                                                               "Content-Type": "application/json",
+                                                               "Transfer-Encoding": "chunked"},
+                                   extras={"wsgi.input": _BrokenBody(), "wsgi.input_terminated": True})
+    assert got.headers["Connection"] == "close"
+    return _raw(got)
+
+
 def _post_matching_etag(ctx):
     """A POST whose If-None-Match names the ETag of the (cached) answer it would get."""
     ep = ctx.endpoint("SELECT 1 AS one", cache_ttl=60)
@@ -322,6 +351,9 @@ PRODUCERS = {
                                                 headers={**ctx.api.admin, "Content-Type": "application/json"}),
     "param_invalid": _call("SELECT :i AS i", {"i": "x"}, spec={"i": {"type": "int"}}),
     "param_required": _call("SELECT :i AS i", spec={"i": {"type": "int", "required": True}}),
+    "pattern_unsupported": lambda ctx: ctx.api.manage("POST", "/queries", {
+        "name": unique("q"), "connection_name": ctx.demo, "sql": "SELECT :s AS s",
+        "parameters": {"s": {"type": "str", "pattern": r"(\w)\1"}}}),
     "invalid_paging": _call("SELECT 1", {"page": "0"}),
     "invalid_format": _call("SELECT 1", {"format": "xlsx"}),
     "invalid_timeout": _call("SELECT 1", {"timeout": "abc"}),
@@ -329,6 +361,8 @@ PRODUCERS = {
     "invalid_version": _call("SELECT 1", {"version": "abc"}),
     "invalid_cache": _call("SELECT 1", {"cache": "sometimes"}),
     "precondition_failed": _post_matching_etag,
+    "metrics_disabled": lambda ctx: _raw(falcon.testing.TestClient(ctx.make_app(sync=LocalSync(), metrics_token=""))
+                                         .simulate_get("/metrics", headers={"Authorization": "Bearer x"})),
     "invalid_sql": lambda ctx: ctx.api.manage("POST", "/queries", {"name": unique("q"), "connection_name": ctx.demo,
                                                                     "sql": "SELECT 'unterminated"}),
     "multiple_statements": _save("SELECT 1; SELECT 2"),
@@ -403,8 +437,8 @@ def test_every_code_has_a_producer():
 
 
 @pytest.fixture
-def ctx(api, endpoint, make_app, superuser, demo_connection, services, request):
-    return SimpleNamespace(api=api, endpoint=endpoint, make_app=make_app, superuser=superuser,
+def ctx(api, client, endpoint, make_app, superuser, demo_connection, services, request):
+    return SimpleNamespace(api=api, client=client, endpoint=endpoint, make_app=make_app, superuser=superuser,
                            demo=demo_connection, services=services,
                            gunicorn=lambda: request.getfixturevalue("gunicorn"))
 

@@ -1,8 +1,8 @@
 """Metrics and the access log, through real gunicorn masters (``gateway/observe.py``).
 
 - ``/metrics`` of one master sums the calls of all its workers (prometheus-client's
-  multiprocess mode, one folder per master), behind ``GATEWAY_METRICS_TOKEN`` when set, and
-  an unknown query name never becomes a label;
+  multiprocess mode, one folder per master), behind ``GATEWAY_METRICS_TOKEN`` (off for
+  everyone without one), and an unknown query name never becomes a label;
 - the access log: JSON lines written by each worker's history thread, one per call with a
   sample of 1, none with ``GATEWAY_ACCESS_LOG=0``, about the share asked for with 0.5.
 
@@ -19,7 +19,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from helpers.history import wait_history_workers
 from helpers.masters import start_masters
-from helpers.util import unique
+from helpers.util import METRICS_TOKEN, unique
 
 TOKEN = "metrics-" + unique("token")
 
@@ -27,12 +27,13 @@ TOKEN = "metrics-" + unique("token")
 @pytest.fixture(scope="module")
 def masters(services, tmp_path_factory):
     """Three masters on the session's store and Redis: 2 workers, sample 1, metrics behind a
-    token; 1 worker, sample 0.5; 1 worker, access log off. Started together."""
+    token of their own; 1 worker, sample 0.5; 1 worker, access log off and no metrics token.
+    Started together."""
     home = lambda: tmp_path_factory.mktemp("observe-home")  # noqa: E731
     started = start_masters(services, home,
                             {"workers": 2, "log_level": "info", "metrics_token": TOKEN},
                             {"workers": 1, "log_level": "info", "access_log_sample": "0.5"},
-                            {"workers": 1, "log_level": "info", "access_log": "0"})
+                            {"workers": 1, "log_level": "info", "access_log": "0", "metrics_token": ""})
     try:
         yield dict(zip(("full", "half", "off"), started))
     finally:
@@ -40,9 +41,8 @@ def masters(services, tmp_path_factory):
             master.stop()
 
 
-def scrape(base: str, token: str | None = None) -> dict:
-    headers = {"Authorization": f"Bearer {token}"} if token else {}
-    reply = requests.get(base + "/metrics", headers=headers, timeout=10)
+def scrape(base: str, token: str = METRICS_TOKEN) -> dict:
+    reply = requests.get(base + "/metrics", headers={"Authorization": f"Bearer {token}"}, timeout=10)
     assert reply.status_code == 200, reply.text[:300]
     samples: dict = {}
     for family in text_string_to_metric_families(reply.text):
@@ -117,7 +117,8 @@ def test_unknown_query_names_never_become_labels(gunicorn, http_endpoint, superu
     after = poll(lambda: (lambda n: n if n >= before + len(names) else None)(
         requests_total(scrape(gunicorn.base), query="-", status="404")))
     assert after and after >= before + len(names)
-    text = requests.get(gunicorn.base + "/metrics", timeout=10).text
+    text = requests.get(gunicorn.base + "/metrics", headers={"Authorization": f"Bearer {METRICS_TOKEN}"},
+                        timeout=10).text
     for name in names[:2]:
         assert name not in text
     assert "fake_metric" not in text
@@ -128,13 +129,23 @@ def test_unknown_query_names_never_become_labels(gunicorn, http_endpoint, superu
 def test_metrics_token(masters):
     base = masters["full"].base
     for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": TOKEN},
-                    {"Authorization": f"Bearer {TOKEN}x"}):
+                    {"Authorization": f"Bearer {TOKEN}x"}, {"Authorization": f"Basic {TOKEN}"},
+                    {"Authorization": f"Bearer {METRICS_TOKEN}"}):   # another master's token
         got = requests.get(base + "/metrics", headers=headers, timeout=10)
         assert got.status_code == 401, (headers, got.text)
-        assert got.json()["code"] == "unauthorized"
+        assert got.json()["code"] == "unauthorized" and got.headers["WWW-Authenticate"].startswith("Bearer")
+        assert "gateway_" not in got.text
     assert "gateway_history_queue_depth" in scrape(base, TOKEN)
-    # A master without a token serves /metrics to anyone.
-    assert requests.get(masters["half"].base + "/metrics", timeout=10).status_code == 200
+
+
+def test_metrics_without_a_token_configured_reveal_nothing(masters):
+    """Least privilege by default: a master with no GATEWAY_METRICS_TOKEN serves /metrics to
+    nobody, whatever is sent (before, it served every query's name and counts to anyone)."""
+    base = masters["off"].base
+    for headers in ({}, {"Authorization": f"Bearer {METRICS_TOKEN}"}, {"Authorization": "Bearer "}):
+        got = requests.get(base + "/metrics", headers=headers, timeout=10)
+        assert (got.status_code, got.json()["code"]) == (403, "metrics_disabled"), (headers, got.text)
+        assert "gateway_" not in got.text and "query" not in got.text
 
 
 # --- the access log -----------------------------------------------------------------------
