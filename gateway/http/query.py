@@ -13,7 +13,7 @@ from ..errors import bad_request
 from ..pipeline import RESERVED, CallArgs, SavedCall, split_reserved
 from ..pipeline.args import MAX_AGE, NO_STORE, reserved_args
 from ..pipeline.from_memory import REPLAYABLE, FromMemory
-from .common import client_ip, read_json, request_id
+from .common import arrived, client_ip, read_json, request_id
 
 if TYPE_CHECKING:
     import falcon
@@ -35,6 +35,7 @@ class QueryResource:
         self._defaults = CallArgs({}, settings)  # most calls pass no reserved argument: parse once
 
     def on_get(self, req: falcon.Request, resp: falcon.Response, name: str) -> None:
+        arrival = arrived(req.env)
         params, reserved = split_reserved(req.params)
         for key, value in reserved.items():
             if isinstance(value, list):
@@ -49,9 +50,10 @@ class QueryResource:
         head = env.get(REPLAYABLE)
         request = None if head is None or control is not None else \
             FromMemory.request(head[0], head[1], env.get("REMOTE_ADDR", ""), env.get("HTTP_X_API_KEY"))
-        self._run(req, resp, SavedCall(name, params, reserved, True, self._settings, self._defaults), request)
+        self._run(req, resp, SavedCall(name, params, reserved, True, self._settings, self._defaults), request, arrival)
 
     def on_post(self, req: falcon.Request, resp: falcon.Response, name: str) -> None:
+        arrival = arrived(req.env)   # before the body is read: reading it is part of the call's time
         body = read_json(req, self._settings.max_body_bytes)
         params = body.get("params", {})
         if not isinstance(params, dict):
@@ -63,13 +65,14 @@ class QueryResource:
         control = req.env.get("HTTP_CACHE_CONTROL")
         if control is not None:
             reserved = _no_cache(control, reserved)
-        self._run(req, resp, SavedCall(name, params, reserved, False, self._settings, self._defaults), None)
+        self._run(req, resp, SavedCall(name, params, reserved, False, self._settings, self._defaults), None, arrival)
 
-    def _run(self, req: falcon.Request, resp: falcon.Response, call: SavedCall, request: tuple | None) -> None:
+    def _run(self, req: falcon.Request, resp: falcon.Response, call: SavedCall, request: tuple | None,
+             arrival: float) -> None:
         env = req.env
         self._pipeline.run(resp, call, request_id=request_id(req), ip=client_ip(env, self._hops),
                            secret=env.get("HTTP_X_API_KEY"), if_none_match=env.get("HTTP_IF_NONE_MATCH"),
-                           request=request, safe=req.method == "GET")
+                           request=request, safe=req.method == "GET", arrived=arrival)
 
 
 def _no_cache(control: str, reserved: dict) -> dict:
