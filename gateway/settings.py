@@ -99,11 +99,14 @@ class Settings:
                                           "when one stops answering (a lock, a stalled server); a busy connection "
                                           "that answers still uses every thread, its calls past the share waiting "
                                           "for a place (see `GATEWAY_CONNECTION_STALL_MS`). 1: no bulkhead.")
-    connection_stall_ms: int = _doc(100, "A call that finds its connection's share full waits for a place (never "
+    connection_stall_ms: int = _doc(500, "A call that finds its connection's share full waits for a place (never "
                                      "past its deadline) only while that connection's calls keep starting or "
-                                     "finishing; when none has for this long, it answers 503 `connection_busy` "
-                                     "at once. The default is 20 to 100 lookups' time, and what a connection that "
-                                     "stops answering costs the others' threads, once.")
+                                     "finishing; when none has for this long, the connection counts as not "
+                                     "answering and the call gets 503 `connection_busy` at once. Lower: a stalled "
+                                     "connection costs the others' threads less time (its waiters hold them this "
+                                     "long, once); higher: calls slower than this, more of them at once than the "
+                                     "share, are queued rather than refused. The default is a hundred lookups' "
+                                     "time.")
     stream_fetch_rows: int = _doc(2000, "Rows fetched per round trip when streaming from a "
                                   "server-side cursor (bounds memory).")
     connect_timeout_s: int = _doc(3, "Timeout for opening a data or store session.")

@@ -129,6 +129,12 @@ class ResponseCache:
                     return entry, "hit"
                 bypass = True
         with claim if claim is not None else _UNCLAIMED:
+            if claim is not None and not bypass and fresh:
+                # It waited for its place, maybe while the fill it would have followed ended.
+                entry = self.memory.get(digest)
+                if entry is not None and (max_age is None or int(self._wall() - entry.created) <= max_age):
+                    self.misses += 1   # answered by another call's database call, as a follower is
+                    return entry, "miss"
             if bypass:
                 self.bypasses += 1
                 # A bypass fills memory only (the shared tier is neither asked nor filled); a

@@ -187,6 +187,7 @@ def test_a_call_queued_behind_a_full_bulkhead_is_refused_not_answered_late(make_
     try:
         held = [pool.submit(call, client, ep) for _ in range(3)]
         wait_until(lambda: waiting_on_lock(services, table) >= 3, 10, what="three calls waiting on the lock")
+        time.sleep(0.6)   # past GATEWAY_CONNECTION_STALL_MS (500 ms): nothing has moved since
         threading.Timer(1.5, unlock).start()
         got, took = call(client, ep, arrived=time.monotonic() - 2.5, timeout="3")
         assert got.status_code == status and got.json["code"] == code, got.text
@@ -197,6 +198,33 @@ def test_a_call_queued_behind_a_full_bulkhead_is_refused_not_answered_late(make_
     finally:
         unlock()
         pool.shutdown(wait=True)
+
+
+def test_calls_waiting_for_another_calls_cache_fill_hold_places_too(make_app, endpoint, locked_table, services):
+    """One call fills a cached answer from a locked table; two more wait for its fill (single
+    flight). Each holds a thread on that connection as the filler does, so each holds a place:
+    with 3 places the fourth call is refused, not left waiting as a follower too."""
+    table, lock, unlock = locked_table()
+    ep = endpoint(f"SELECT count(*) AS n FROM {table}", cache_ttl=60)
+    app = make_app(sync=LocalSync(), threads=4)
+    client = falcon.testing.TestClient(app)
+    bulkhead = app.parts.pools.bulkheads.get(app.parts.holder.catalog.connections[ep.connection])
+    lock()
+    pool = ThreadPoolExecutor(3)
+    try:
+        held = [pool.submit(call, client, ep) for _ in range(3)]
+        wait_until(lambda: waiting_on_lock(services, table) == 1 and bulkhead.held == 3, 10,
+                   what=lambda: f"one fill on the lock and 3 places held, held={bulkhead.held}")
+        time.sleep(0.6)   # past GATEWAY_CONNECTION_STALL_MS (500 ms): nothing moved since
+        got, took = call(client, ep)
+        assert (got.status_code, got.json["code"]) == (503, "connection_busy"), got.text
+        assert took < 0.3 and waiting_on_lock(services, table) == 1   # one statement only: single flight held
+        unlock()
+        assert [f.result()[0].json for f in held] == [[{"n": 2}]] * 3
+    finally:
+        unlock()
+        pool.shutdown(wait=True)
+    assert bulkhead.held == 0 and call(client, ep)[0].json == [{"n": 2}]
 
 
 def raw_stream(app, ep, query_string: str):

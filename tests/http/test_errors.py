@@ -107,9 +107,9 @@ def _connection_busy(ctx):
     client = falcon.testing.TestClient(app)
     headers = {"X-API-Key": ep.secret}
     holder = threading.Thread(target=client.simulate_get, args=(f"/q/{ep.query}",),
-                              kwargs={"params": {"s": "0.8"}, "headers": headers})
+                              kwargs={"params": {"s": "1.5"}, "headers": headers})
     holder.start()
-    time.sleep(0.4)
+    time.sleep(0.7)   # past GATEWAY_CONNECTION_STALL_MS (500 ms)
     try:
         return client.simulate_get(f"/q/{ep.query}", headers=headers)
     finally:
