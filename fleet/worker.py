@@ -69,7 +69,9 @@ from fleet.lean import FrozenConfig, LeanResponse, nothing_to_drain
 from fleet.lean_request import LeanParser, plain_environ, plain_heads_allowed, replayable
 from fleet.slots import BOOTING, LEAVING, SERVING, Slots
 
-ARRIVED = "gateway.arrived"     # environ: time.monotonic() when the request was whole (fleet/front.py)
+# environ: time.monotonic() when the request was whole (fleet/front.py): gateway.http.common.ARRIVED,
+# copied (this module is loaded by the master, which must not load the application; a test holds them equal).
+ARRIVED = "gateway.arrived"
 
 SLACK = 1                 # connections a worker may hold above the least loaded sibling
 EVALUATE_EVERY_S = 0.005  # re-read the table at least this often while serving

@@ -151,9 +151,17 @@ CODES: dict[str, tuple[int, str]] = {
     "too_many_streams": (503, "This worker already serves `GATEWAY_EVENTS_MAX_STREAMS` event streams."),
     "catalog_stale": (503, "This worker lost contact with the fleet's bus and could not reload its catalog; retry "
                            "after `Retry-After`."),
+    "connection_busy": (503, "The calls of this worker to the query's connection already hold their share of its "
+                             "threads (`GATEWAY_CONNECTION_THREAD_SHARE`) and none of them started or finished in the "
+                             "last `GATEWAY_CONNECTION_STALL_MS`: the database is not answering them. Nothing was run; "
+                             "retry after `Retry-After`."),
     "pool_exhausted": (503, "Every pooled session of this worker stayed busy past the wait limit; retry after "
                             "`Retry-After`."),
     "query_timeout": (504, "The statement ran past its timeout and was cancelled."),
+    "deadline_exceeded": (504, "The call's timeout (the caller's `timeout`, the key's `query_timeout` or "
+                               "`GATEWAY_STATEMENT_TIMEOUT_MS`, counted from when the request arrived, time spent "
+                               "waiting for a thread or for a place on its connection included) ran out before its "
+                               "statement could start. Nothing was run."),
 }
 
 

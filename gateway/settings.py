@@ -114,6 +114,21 @@ class Settings:
     statement_timeout_ms: int = _doc(30_000, "Statement timeout set once on every pooled "
                                      "data session; a caller's `timeout` can only lower it.")
     pool_size: int = _doc(0, "Pooled sessions per worker per connection. 0: `threads`.")
+    connection_thread_share: float = _doc(0.75, "The bulkhead of a data connection: the share of a worker's "
+                                          "`threads` that calls to one connection may hold at once while they "
+                                          "run (rounded down, at least 1, at most `GATEWAY_POOL_SIZE`). The "
+                                          "default leaves 2 of the default 8 threads to every other connection "
+                                          "when one stops answering (a lock, a stalled server); a busy connection "
+                                          "that answers still uses every thread, its calls past the share waiting "
+                                          "for a place (see `GATEWAY_CONNECTION_STALL_MS`). 1: no bulkhead.")
+    connection_stall_ms: int = _doc(500, "A call that finds its connection's share full waits for a place (never "
+                                     "past its deadline) only while that connection's calls keep starting or "
+                                     "finishing; when none has for this long, the connection counts as not "
+                                     "answering and the call gets 503 `connection_busy` at once. Lower: a stalled "
+                                     "connection costs the others' threads less time (its waiters hold them this "
+                                     "long, once); higher: calls slower than this, more of them at once than the "
+                                     "share, are queued rather than refused. The default is a hundred lookups' "
+                                     "time.")
     stream_fetch_rows: int = _doc(2000, "Rows fetched per round trip when streaming from a "
                                   "server-side cursor (bounds memory).")
     csv_formula_guard: bool = _doc(True, "CSV and TSV answers prefix a text value that starts with `=`, `+`, `-`, "
@@ -255,6 +270,10 @@ class Settings:
             raise SystemExit("GATEWAY_CONCURRENCY_LEASE_MS must be at least 300 (renewed every third of it)")
         if min(self.warm_calls, self.warm_sessions, self.warm_window_s) < 0:
             raise SystemExit("GATEWAY_WARM_CALLS, GATEWAY_WARM_SESSIONS and GATEWAY_WARM_WINDOW_S must not be negative")
+        if not 0 < self.connection_thread_share <= 1:
+            raise SystemExit("GATEWAY_CONNECTION_THREAD_SHARE must be above 0 and at most 1")
+        if self.connection_stall_ms < 0:
+            raise SystemExit("GATEWAY_CONNECTION_STALL_MS must not be negative")
         if self.reuse_port not in ("auto", "on", "off"):
             raise SystemExit("GATEWAY_REUSE_PORT must be 'auto', 'on' or 'off'")
         for name in self.allowed_catalog_relations():
@@ -293,6 +312,13 @@ class Settings:
 
     def effective_pool_size(self) -> int:
         return self.pool_size or self.threads
+
+    def connection_places(self) -> int:
+        """The calls one connection may run at once in a worker (its bulkhead): a share of the
+        threads, never more than its pool holds sessions (so a call never waits for a session
+        after it got its place)."""
+        share = int(self.connection_thread_share * self.threads + 1e-9)   # 0.29 * 100 is 28.999...
+        return max(1, min(share, self.effective_pool_size()))
 
 
 def parse_cpu_list(text: str) -> list[int]:

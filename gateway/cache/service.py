@@ -14,6 +14,7 @@ that read a table it touched (``written``), before the write is answered.
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -29,6 +30,7 @@ from .ports import CacheSync, LocalCacheSync, NoSharedTier, SharedTier
 from .redeliver import RETRY_MAX_S, RETRY_S, Redelivery
 
 if TYPE_CHECKING:
+    from ..execution.bulkhead import Claim
     from ..execution.runner import Result
     from ..governance import Analysis
     from ..governance.schema import Kin
@@ -42,6 +44,7 @@ log = logging.getLogger("gateway.cache")
 READY_FOR_S = 0.5
 # The largest entry the shared tier takes when this worker keeps no memory (GATEWAY_CACHE_MAX_BYTES=0).
 _SHARED_MAX = 1 << 20
+_UNCLAIMED = contextlib.nullcontext()   # a call without a bulkhead (none but tests call so)
 
 
 class Purges(Protocol):
@@ -107,12 +110,15 @@ class ResponseCache:
     # --- the data plane ----------------------------------------------------------------------
     def answer(self, qv: QueryVersion, bound: Sequence, page: int, size: int, compute: Callable[[], Result],
                bypass: bool, store: bool = True, reading: str | None = None,
-               max_age: int | None = None) -> tuple[Entry, str]:
+               max_age: int | None = None, claim: Claim | None = None) -> tuple[Entry, str]:
         """The entry for this call and how it was found: ``hit``, ``miss`` or ``bypass``.
         ``store`` False (``Cache-Control: no-store``, always a bypass): the answer is not kept.
         ``reading``: what the version's columns are under the schema of this call's plan (see ``keys``).
         ``max_age`` (``Cache-Control: max-age``): an entry older than that (its ``Age``) is not
-        taken: the call is a bypass, which refreshes it."""
+        taken: the call is a bypass, which refreshes it. ``claim``: the call's place on its
+        connection's bulkhead, held by whatever does not answer from memory: its own fill, or
+        its wait for another call's (a follower holds a thread on that connection as much as
+        its leader), which never outlasts the call's deadline."""
         digest = keys.digest(qv, bound, page, size, reading)
         fresh = self._sync.fresh() or self._confirmed()
         if not bypass and fresh:
@@ -122,12 +128,26 @@ class ResponseCache:
                     self.hits += 1
                     return entry, "hit"
                 bypass = True
-        if bypass:
-            self.bypasses += 1
-            # A bypass fills memory only (the shared tier is neither asked nor filled); a
-            # no-store one keeps nothing, as a worker whose memory is not fresh would.
-            return self._fill(digest, qv, compute, fresh and store, shared=False, page=page,
-                              size=size)[0], "bypass"
+        with claim if claim is not None else _UNCLAIMED:
+            if claim is not None and not bypass and fresh:
+                # It waited for its place, maybe while the fill it would have followed ended.
+                entry = self.memory.get(digest)
+                if entry is not None and (max_age is None or int(self._wall() - entry.created) <= max_age):
+                    self.misses += 1   # answered by another call's database call, as a follower is
+                    return entry, "miss"
+            if bypass:
+                self.bypasses += 1
+                # A bypass fills memory only (the shared tier is neither asked nor filled); a
+                # no-store one keeps nothing, as a worker whose memory is not fresh would.
+                return self._fill(digest, qv, compute, fresh and store, shared=False, page=page,
+                                  size=size)[0], "bypass"
+            follow_s = self._follow_s if claim is None else min(self._follow_s, max(0.0, claim.deadline.left_s()))
+            return self._missed(digest, qv, compute, fresh, max_age, page, size, follow_s)
+
+    def _missed(self, digest: str, qv: QueryVersion, compute: Callable[[], Result], fresh: bool,
+                max_age: int | None, page: int, size: int, follow_s: float) -> tuple[Entry, str]:
+        """Not in memory: the first call of this worker for the entry fills it (the leader),
+        the others wait for it (followers) at most ``follow_s``."""
         # Another worker's answer in Redis may be older than ``max_age`` allows: not asked then.
         shared = max_age is None
         mark = self.memory.mark(qv.name, keys.database(qv.connection))
@@ -140,7 +160,7 @@ class ResponseCache:
             self._flights[digest] = flight
         if not leader:
             # Another request of this worker is filling this entry: wait for its answer.
-            if flight.done.wait(self._follow_s) and flight.entry is not None:
+            if flight.done.wait(follow_s) and flight.entry is not None:
                 self.misses += 1
                 return flight.entry, "miss"
             return self._fill(digest, qv, compute, fresh, shared=shared, page=page, size=size)   # its fill failed

@@ -17,6 +17,7 @@ import psycopg2.extensions
 from ..errors import GatewayError, bad_request, forbidden, unavailable
 from ..model.catalog import Connection, QueryVersion
 from . import values
+from .bulkhead import Bulkheads
 from .formats import unique_names
 from .pool import Session, SessionPool, session_options
 
@@ -39,14 +40,16 @@ class Result:
 
 class Pools:
     """This worker's pools, one per connection and access mode, reused across reloads
-    while the connection's settings are unchanged."""
+    while the connection's settings are unchanged; and each connection's bulkhead (the
+    threads its calls may hold, reads and writes together: ``bulkhead.py``)."""
 
-    __slots__ = ("_settings", "_box", "_pools")
+    __slots__ = ("_settings", "_box", "_pools", "bulkheads")
 
     def __init__(self, settings: Settings, password_box: PasswordBox) -> None:
         self._settings = settings
         self._box = password_box
         self._pools: dict[tuple, SessionPool] = {}
+        self.bulkheads = Bulkheads(settings)
 
     def get(self, connection: Connection, writable: bool) -> SessionPool:
         key = (connection.identity, writable)
@@ -70,6 +73,8 @@ class Pools:
 
     def retire_unused(self, connections: Iterable[Connection]) -> None:
         """After a reload: close pools whose connection was changed or deleted."""
+        connections = list(connections)
+        self.bulkheads.retire_unused(connections)
         live = {c.identity for c in connections}
         # list() copies the keys in one step (request threads may add a pool meanwhile);
         # a pool closed here still takes back the sessions in use and closes them.

@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from ..pipeline import AdHocCall, AdHocStatements
-from .common import client_ip, read_json, request_id
+from .common import arrived, client_ip, read_json, request_id
 
 if TYPE_CHECKING:
     import falcon
@@ -29,7 +29,8 @@ class AdHoc:
 
     def on_post(self, req: falcon.Request, resp: falcon.Response) -> None:
         env = req.env
+        arrival = arrived(env)
         call = AdHocCall(lambda: read_json(req, self._settings.max_body_bytes), req.params, self._statements,
                          self._settings)
         self._pipeline.run(resp, call, request_id=request_id(req), ip=client_ip(env, self._hops),
-                           secret=env.get("HTTP_X_API_KEY"))
+                           secret=env.get("HTTP_X_API_KEY"), arrived=arrival)

@@ -1,7 +1,8 @@
-"""What every resource shares: request ids, JSON bodies, the admin check."""
+"""What every resource shares: request ids, arrival times, JSON bodies, the admin check."""
 from __future__ import annotations
 
 import hmac
+import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
@@ -14,6 +15,19 @@ from ..request_ids import new_request_id
 
 if TYPE_CHECKING:
     from ..model.state import CatalogHolder
+
+# The WSGI environ key under which the server puts when the request arrived: a
+# ``time.monotonic()`` float taken when the request was whole on its loop, before it waited
+# for a thread. A call's timeout counts from it (``gateway.execution.deadline``).
+ARRIVED = "gateway.arrived"
+
+
+def arrived(env: Mapping[str, object]) -> float:
+    """When the request arrived: the server's stamp (``ARRIVED``), else now, the first the
+    application saw of it (a server that sets none, falcon.testing)."""
+    stamp = env.get(ARRIVED)
+    return stamp if isinstance(stamp, float) else time.monotonic()
+
 
 def request_id(req: falcon.Request) -> str:
     rid = req.context.get("request_id")

@@ -13,7 +13,7 @@ from ..errors import bad_request
 from ..pipeline import RESERVED, CallArgs, SavedCall, split_reserved
 from ..pipeline.args import MAX_AGE, NO_STORE, reserved_args
 from ..pipeline.from_memory import REPLAYABLE, FromMemory
-from .common import check_body_head, client_ip, read_json, request_id
+from .common import arrived, check_body_head, client_ip, read_json, request_id
 
 if TYPE_CHECKING:
     import falcon
@@ -35,6 +35,7 @@ class QueryResource:
         self._defaults = CallArgs({}, settings)  # most calls pass no reserved argument: parse once
 
     def on_get(self, req: falcon.Request, resp: falcon.Response, name: str) -> None:
+        arrival = arrived(req.env)
         params, reserved = split_reserved(req.params)
         for key, value in reserved.items():
             if isinstance(value, list):
@@ -49,14 +50,15 @@ class QueryResource:
         head = env.get(REPLAYABLE)
         request = None if head is None or control is not None else \
             FromMemory.request(head[0], head[1], env.get("REMOTE_ADDR", ""), env.get("HTTP_X_API_KEY"))
-        self._run(req, resp, SavedCall(name, params, reserved, True, self._settings, self._defaults), request)
+        self._run(req, resp, SavedCall(name, params, reserved, True, self._settings, self._defaults), request, arrival)
 
     def on_post(self, req: falcon.Request, resp: falcon.Response, name: str) -> None:
+        arrival = arrived(req.env)   # before the body is read: reading it is part of the call's time
         # The head's checks only (declared length, media type): the body is read once the key
         # is known (SavedCall.resolve), so a stranger's body is never read, nor parsed.
         check_body_head(req, self._settings.max_body_bytes)
         call = SavedCall(name, {}, {}, False, self._settings, self._defaults, arguments=lambda: self._body_args(req))
-        self._run(req, resp, call, None)
+        self._run(req, resp, call, None, arrival)
 
     def _body_args(self, req: falcon.Request) -> tuple[dict, dict]:
         """A POST's parameters and reserved arguments, from its JSON body (and query string)."""
@@ -73,11 +75,12 @@ class QueryResource:
             reserved = _no_cache(control, reserved)
         return params, reserved
 
-    def _run(self, req: falcon.Request, resp: falcon.Response, call: SavedCall, request: tuple | None) -> None:
+    def _run(self, req: falcon.Request, resp: falcon.Response, call: SavedCall, request: tuple | None,
+             arrival: float) -> None:
         env = req.env
         self._pipeline.run(resp, call, request_id=request_id(req), ip=client_ip(env, self._hops),
                            secret=env.get("HTTP_X_API_KEY"), if_none_match=env.get("HTTP_IF_NONE_MATCH"),
-                           request=request, safe=req.method == "GET")
+                           request=request, safe=req.method == "GET", arrived=arrival)
 
 
 def _no_cache(control: str, reserved: dict) -> dict:

@@ -26,6 +26,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from ..errors import GatewayError
 from ..execution import runner
+from ..execution.bulkhead import Claim
+from ..execution.deadline import Deadline
 from ..model.catalog import ApiKey
 from .args import CallArgs, lower_timeout
 from .cached import purge_summary, send_cached
@@ -95,11 +97,16 @@ class Pipeline:
         self._admin = admin if admin is not None else admin_identity(settings)
 
     def run(self, resp: falcon.Response, call: EntryPoint, *, request_id: str, ip: str, secret: str | None,
-            if_none_match: str | None = None, request: tuple | None = None, safe: bool = True) -> None:
+            if_none_match: str | None = None, request: tuple | None = None, safe: bool = True,
+            arrived: float | None = None) -> None:
         """``request``: the call as ``FromMemory.request`` names it, when the server may ask for
         it again (a plain GET): an answer from the cache is learned under it. ``safe``: a GET
-        (``If-None-Match`` answers it 304), not a POST (412)."""
+        (``If-None-Match`` answers it 304), not a POST (412). ``arrived``: ``time.monotonic()``
+        when the request arrived (``gateway.http.common.arrived``; None: now), from which the
+        call's timeout counts."""
         started = time.perf_counter()
+        if arrived is None:
+            arrived = time.monotonic()
         key = None
         admitted = False   # past admission: the key's quota was charged, whatever happens next
         place: object = None   # one of the key's max_concurrent places, given back at the end
@@ -126,31 +133,39 @@ class Pipeline:
             bound = call.bind(subject)                                          # 4 bind
             write = subject.kind == "write"
             pool = self._pools.get(call.connection, write)  # type: ignore[arg-type]  # set by resolve() above
-            timeout_ms = lower_timeout(args.timeout_ms, plan.query_timeout, settings.statement_timeout_ms)
+            deadline = Deadline(arrived, lower_timeout(args.timeout_ms, plan.query_timeout,
+                                                       settings.statement_timeout_ms), settings.statement_timeout_ms)
+            deadline.check()   # waited past its timeout already (for a thread): no late answer, cached or not
+            # The connection's bulkhead: the place its statement (or its wait for another's) holds.
+            claim = Claim(self._pools.bulkheads.get(call.connection), deadline)  # type: ignore[arg-type]
             rows: int | None
             status = 200
             if args.stream:                                                     # 5 execute, 6 shape
-                self._stream(resp, call, subject, bound, args, plan, pool, timeout_ms, key, request_id)
+                self._stream(resp, call, subject, bound, args, plan, pool, claim, key, request_id)
                 rows = None   # charged batch by batch as they are sent; the history records none
                 if place is not None:   # the stream holds the place until its last row (or the client leaves)
                     resp.stream = _Then(resp.stream, functools.partial(admission.leave, key, place))
                     place = None
             else:
                 size = args.page_size if plan.max_rows is None else min(args.page_size, plan.max_rows)
+
+                def run_page() -> runner.Result:   # the statement's timeout: what is left when it starts
+                    return call.page(pool, subject, bound, size, args.page, deadline.statement_ms())
                 # 4 cache (a saved read with a cache_ttl only): one attribute test for a version without
                 if subject.cache_ttl and not write and self._cache is not None:
                     # Keyed by what the columns are under the schema the plan was made under too:
                     # the cached rows and this call's masks agree on every column.
-                    entry, state = self._cache.answer(subject, bound, args.page, size, lambda: call.page(
-                        pool, subject, bound, size, args.page, timeout_ms), not args.cache, args.store,
-                        reading(subject, settings, kin), args.max_age)
+                    entry, state = self._cache.answer(subject, bound, args.page, size, run_page, not args.cache,
+                                                      args.store, reading(subject, settings, kin), args.max_age,
+                                                      claim=claim)
                     view, status = send_cached(resp, args, size, plan, entry, state, if_none_match, safe=safe)
                     rows = view.rows if status == 200 else 0
                     if request is not None and state != "bypass" and self._from_memory is not None:
                         self._from_memory.learn(request, catalog, key, ip, call.connection,  # type: ignore[arg-type]
                                                 kin, entry, view, status, call.name, call.version)
                 else:
-                    result = call.page(pool, subject, bound, size, args.page, timeout_ms)
+                    with claim:
+                        result = run_page()
                     rows = send_page(resp, args, size, plan, result, write)
                     if write and self._cache is not None:   # before the write is answered (see gateway.cache)
                         # The catalog now, not the call's: a cached query published while the
@@ -189,21 +204,35 @@ class Pipeline:
             raise
 
     def _stream(self, resp: falcon.Response, call: EntryPoint, subject: Any, bound: Any, args: CallArgs,
-                plan: CallPlan, pool: SessionPool, timeout_ms: int | None, key: ApiKey, request_id: str) -> None:
+                plan: CallPlan, pool: SessionPool, claim: Claim, key: ApiKey, request_id: str) -> None:
         """A stream's rows are charged batch by batch as they are sent (the history records
-        none: they are not all known when the call is recorded)."""
+        none: they are not all known when the call is recorded). It holds its connection's
+        place (``claim``) until its body is closed, as it holds its session."""
         text = call.stream_text(subject, bound)
-        columns, source = runner.stream(pool, text, timeout_ms, self._settings.stream_fetch_rows)
+        claim.enter()
+        try:
+            columns, source = runner.stream(pool, text, claim.deadline.statement_ms(),
+                                            self._settings.stream_fetch_rows)
+        except BaseException:
+            claim.leave()
+            raise
         admission = self._admission
         try:
             send_stream(resp, args, plan, columns, _logged(source, request_id), plan.max_rows,
                         lambda rows: admission.take_rows(key, rows))
         except BaseException:   # refused once the cursor was open (the result's names): give its session back
-            source.close()
+            _close_then_leave(source, claim)
             raise
-        # The server closes the body whether it was read or not: the session goes back then.
-        resp.stream = _Then(resp.stream, source.close)
+        # The server closes the body whether it was read or not: the session and the place go back then.
+        resp.stream = _Then(resp.stream, functools.partial(_close_then_leave, source, claim))
         return None
+
+
+def _close_then_leave(source: runner.Batches, claim: Claim) -> None:
+    try:
+        source.close()
+    finally:
+        claim.leave()
 
 
 

@@ -102,3 +102,11 @@ def test_the_refusal_is_one_closing_response_with_the_gateways_error_body():
     assert head.startswith(b"HTTP/1.1 400 Bad Request\r\n") and b"\r\nConnection: close" in head
     assert int(head.split(b"Content-Length: ")[1]) == len(body)
     assert orjson.loads(body)["code"] == "malformed_request"
+
+
+def test_the_servers_arrival_stamp_is_the_one_the_application_reads():
+    """fleet/worker.py keeps its own copy (the master must not load the application)."""
+    from fleet import worker
+    from gateway.http import common
+
+    assert worker.ARRIVED == common.ARRIVED

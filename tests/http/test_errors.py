@@ -12,6 +12,7 @@ import psycopg2.extensions
 import pytest
 
 from gateway.errors import CODES
+from gateway.http.common import ARRIVED
 from gateway.http.management import ROUTES
 from gateway.ports import LocalSync
 from helpers import raw
@@ -86,19 +87,42 @@ def _admission_unavailable(ctx):
 
 
 def _pool_exhausted(ctx):
-    ep = ctx.endpoint("SELECT pg_sleep(:s) AS slept", {"s": {"type": "float", "default": 0}})
+    """The pool's one session held by something other than a call (as the warm-up or a schema
+    read may hold one): calls never hold more sessions than their connection's bulkhead has
+    places, and it has no more places than the pool has sessions."""
+    ep = ctx.endpoint("SELECT 1 AS one")
     app = ctx.make_app(sync=LocalSync(), pool_size=1)
-    app.parts.pools.get(app.parts.holder.catalog.connections[ep.connection], False).wait_s = 0.1
+    pool = app.parts.pools.get(app.parts.holder.catalog.connections[ep.connection], False)
+    pool.wait_s = 0.1
+    session = pool.acquire()
+    try:
+        return falcon.testing.TestClient(app).simulate_get(f"/q/{ep.query}", headers={"X-API-Key": ep.secret})
+    finally:
+        pool.release(session)
+
+
+def _connection_busy(ctx):
+    """2 threads: 1 place on the connection, held by a call that does not come back (pg_sleep);
+    nothing moves on it for longer than GATEWAY_CONNECTION_STALL_MS."""
+    ep = ctx.endpoint("SELECT pg_sleep(:s) AS slept", {"s": {"type": "float", "default": 0}})
+    app = ctx.make_app(sync=LocalSync(), threads=2)
     client = falcon.testing.TestClient(app)
     headers = {"X-API-Key": ep.secret}
     holder = threading.Thread(target=client.simulate_get, args=(f"/q/{ep.query}",),
-                              kwargs={"params": {"s": "0.6"}, "headers": headers})
+                              kwargs={"params": {"s": "1.5"}, "headers": headers})
     holder.start()
-    time.sleep(0.2)
+    time.sleep(0.7)   # past GATEWAY_CONNECTION_STALL_MS (500 ms)
     try:
         return client.simulate_get(f"/q/{ep.query}", headers=headers)
     finally:
         holder.join()
+
+
+def _deadline_exceeded(ctx):
+    """``timeout=2`` for a request the server stamped as arrived 3 s ago (it waited for a thread)."""
+    ep = ctx.endpoint("SELECT 1 AS one")
+    return ctx.client.simulate_get(f"/q/{ep.query}", params={"timeout": "2"}, headers={"X-API-Key": ep.secret},
+                                   extras={ARRIVED: time.monotonic() - 3})
 
 
 def _too_many_concurrent(ctx):
@@ -419,6 +443,8 @@ PRODUCERS = {
     "admission_unavailable": lambda ctx: _raw(_admission_unavailable(ctx)),
     "catalog_stale": lambda ctx: _raw(_catalog_stale(ctx)),
     "pool_exhausted": lambda ctx: _raw(_pool_exhausted(ctx)),
+    "connection_busy": lambda ctx: _raw(_connection_busy(ctx)),
+    "deadline_exceeded": lambda ctx: _raw(_deadline_exceeded(ctx)),
     "query_timeout": _call("SELECT pg_sleep(1)", {"timeout": "0.05"}),
     "invalid_filter": lambda ctx: ctx.api.manage("GET", "/history", params={"colour": "red"}),
     "too_many_rows_affected": _too_many_rows_affected,

@@ -275,7 +275,10 @@ def test_a_refused_login_says_why_in_the_log_only(api, caplog):
         assert any(f'database "{database}" does not exist' in m for m in logged), logged
 
 
-def test_pool_exhausted(make_app, endpoint):
+def test_a_pool_of_one_is_a_bulkhead_of_one(make_app, endpoint):
+    """A connection's bulkhead has no more places than its pool has sessions: a second call
+    while the one session is busy is refused by the bulkhead (``connection_busy``), never left
+    waiting for a session (``pool_exhausted``, before the bulkhead)."""
     ep = endpoint(SLOW, SLOW_PARAMS)
     one = make_app(sync=LocalSync(), pool_size=1)
     client = falcon.testing.TestClient(one)
@@ -289,7 +292,7 @@ def test_pool_exhausted(make_app, endpoint):
     time.sleep(0.3)
     busy = client.simulate_get(f"/q/{ep.query}", params={"seconds": "0"}, headers=headers)
     thread.join()
-    assert busy.status_code == 503 and busy.json["code"] == "pool_exhausted", busy.text
+    assert busy.status_code == 503 and busy.json["code"] == "connection_busy", busy.text
     assert busy.headers["Retry-After"]
     assert slow["r"].status_code == 200
     assert client.simulate_get(f"/q/{ep.query}", params={"seconds": "0"}, headers=headers).status_code == 200
