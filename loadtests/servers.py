@@ -2,9 +2,9 @@
 serving the same application with the same settings, in one interleaved run.
 
     .venv/bin/pip install -e '.[servers]'                  # granian and gunicorn-h1c, pinned
-    .venv/bin/python -m loadtests.servers                  # ~6 min; writes docs/bench/<date>-servers.md
+    .venv/bin/python -m loadtests.servers                  # ~7 min; writes docs/bench/<date>-servers.md
     .venv/bin/python -m loadtests.servers --quick --allow-dirty   # a smoke: 1 round, 2 s a run, ~2 min
-    .venv/bin/python -m loadtests.servers --servers current,current-h1c,gthread-h1c,granian,granian-wide   # ~10 min
+    .venv/bin/python -m loadtests.servers --servers current,current-h1c,gthread-h1c,granian,granian-wide   # ~11 min
 
 Servers (``--servers``, by default the issue's three: current, current-h1c, granian; the first is the one the
 others are divided by), each one worker pinned to ``--server-cpu``
@@ -100,8 +100,8 @@ SPECS = {s.name: s for s in (
     Spec('granian-wide', f'granian as `granian`, with --backlog and --backpressure {WIDE}', 'granian',
          extra=('--backlog', str(WIDE), '--backpressure', str(WIDE))),
 )}
-# The issue's three: (a) today's worker, (b) gunicorn with its C parser, (c) granian. ~6 minutes; each one more
-# adds about a third (``--servers current,current-h1c,gthread-h1c,gthread,granian,granian-wide``: all of them).
+# The issue's three: (a) today's worker, (b) gunicorn with its C parser, (c) granian. ~7 minutes (about 40 s a
+# server a round, and 40 s to start); each server more adds about 2 minutes (``--servers current,current-h1c,gthread-h1c,gthread,granian,granian-wide``: all of them).
 DEFAULT_SERVERS = ('current', 'current-h1c', 'granian')
 
 

@@ -95,12 +95,13 @@ def _servers(meta: dict) -> list[str]:
     for name, why in meta.get('skipped', {}).items():
         out.append(f'- `{name}`: **left out**: {why}')
     out += ['', 'The parser check sends `GET /hea lth HTTP/1.1`: gunicorn_h1c refuses it as "Invalid Request Line", '
-            'gunicorn\'s Python parser as "Invalid HTTP Version", granian with an empty 400. In `current-h1c` the '
-            'C parser reads only the heads that go to a thread: LeanRequest.parse defers to it '
-            '(`self._use_fast and not self.plain_only`), while the heads read on the worker\'s loop '
-            '(`LeanParser.read_ready`, a kept-alive connection whose whole head came in one read) stay on '
-            'fleet/lean_request.py\'s reader.', '']
-    return out
+            'gunicorn\'s Python parser as "Invalid HTTP Version", granian with an empty 400.']
+    if any(t['name'] == 'current-h1c' for t in meta.get('targets', [])):
+        out[-1] += (' In `current-h1c` the C parser reads only the heads that go to a thread: LeanRequest.parse '
+                    'defers to it (`self._use_fast and not self.plain_only`), while the heads read on the worker\'s '
+                    'loop (`LeanParser.read_ready`, a kept-alive connection whose whole head came in one read) stay '
+                    'on fleet/lean_request.py\'s reader.')
+    return out + ['']
 
 
 def _throughput(runs: list[dict], names: list[str], reference: str | None) -> list[str]:
