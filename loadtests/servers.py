@@ -12,7 +12,8 @@ others are divided by), each one worker pinned to ``--server-cpu``
 
 - ``current``: ``gunicorn -c fleet/gunicorn_conf.py --http-parser python``, GATEWAY_WORKER_CLASS at its default
   (fleet.worker.BalancedThreadWorker): today's path. ``--http-parser python`` keeps it so with gunicorn-h1c in the
-  venv, where gunicorn's ``auto`` would pick the C parser up;
+  venv, where gunicorn's ``auto`` would pick the C parser up (and tests/fleet/test_lean_request.py then fails:
+  uninstall gunicorn-h1c after a run);
 - ``current-h1c``: the same with ``--http-parser fast`` (gunicorn refuses to start without a usable gunicorn_h1c).
   LeanRequest.parse hands a head to the C parser only on a thread (``self._use_fast and not self.plain_only``):
   the heads the worker's loop reads (``LeanParser.read_ready``) stay on fleet/lean_request.py's own reader;
