@@ -3,19 +3,22 @@
     python -m loadtests.report docs/bench/raw/oltp-20261130-044323
 
 Each block renders its own (loadtests/blocks/<name>/render.py); this only finds which, by the block meta.json names
-(a folder that names none is read as a closed-loop block's, the oltp report).
+(a folder that names none is read as a closed-loop block's, the oltp report). A run of ``python -m loadtests.servers``
+(its meta.json names the block ``servers``) renders through loadtests/servers_render.py.
 """
 from __future__ import annotations
 
 import sys
 from pathlib import Path
 
-from . import blocks, rundir
+from . import blocks, rundir, servers_render
 
 
 def write(run_dir: Path) -> Path:
     meta, runs = rundir.load(run_dir)
     name = meta.get('block') or (runs[0].get('block') if runs else None)
+    if name == 'servers':
+        return servers_render.write(Path(run_dir))
     return blocks.render(name if name in blocks.NAMES else 'oltp').write(Path(run_dir))
 
 
