@@ -33,7 +33,7 @@ LIBRARIES = ("falcon", "psycopg2", "psycopg2.extras", "psycopg2.pool", "psycopg2
              "redis", "orjson", "sqlglot", "sqlglot.expressions", "sqlglot.optimizer", "sqlglot.dialects.postgres",
              "pglast", "prometheus_client", "yaml", "cryptography.exceptions",
              "cryptography.hazmat.primitives.ciphers.aead", "pickle", "logging.handlers", "hmac", "secrets",
-             "encodings.idna")
+             "encodings.idna", "re2")
 
 
 def preload_libraries(names: tuple[str, ...] = LIBRARIES) -> list[str]:

@@ -204,17 +204,18 @@ def test_two_thousand_idle_and_slow_connections_leave_health_and_lookups_served(
 
 def test_health_and_ready_answer_while_every_thread_waits_on_the_database(master, api):
     """A slow database holds every request thread: /health and /ready (once its watcher runs)
-    are answered on the loop, not behind them."""
-    ep = api.endpoint("SELECT pg_sleep(5) IS NULL AS slept")
-    assert requests.get(master.base + "/ready", timeout=10).status_code == 200     # starts each worker's watcher
-    assert requests.get(master.base + "/ready", timeout=10).status_code == 200
-    time.sleep(1.5)
+    are answered on the loop, not behind them. Two connections, each with its bulkhead's share
+    (6 of a worker's 8 threads), so that together they can hold all 16 threads."""
+    slow = [api.endpoint("SELECT pg_sleep(5) IS NULL AS slept") for _ in range(2)]
+    time.sleep(1.5)                                                  # each worker's watcher has looked
     with ThreadPoolExecutor(24) as pool:
         calls = [pool.submit(requests.get, f"{master.base}/q/{ep.query}", headers={"X-API-Key": ep.secret},
-                             timeout=30) for _ in range(24)]
-        time.sleep(1.0)                                                         # 16 threads held, 8 calls queued
-        assert not any(call.done() for call in calls), [c.result().status_code for c in calls if c.done()]
+                             timeout=30) for ep in slow for _ in range(12)]
+        time.sleep(1.0)
+        running = sum(not call.done() for call in calls)
+        assert running >= 16, [c.result().status_code for c in calls if c.done()]    # every thread held
         # Behind the threads each would wait about 4 s, until the first calls end.
         timings = [timed_get(master.base + path) for path in ("/health", "/ready") * 5]
         assert max(timings) < 1.0, timings
-        assert all(call.result().status_code == 200 for call in calls)
+        statuses = [call.result().status_code for call in calls]
+        assert set(statuses) <= {200, 503} and statuses.count(200) >= 16, statuses   # 503: connection_busy
