@@ -103,6 +103,18 @@ def _malformed(message: str) -> Refused:
     return Refused(400, "malformed_request", message)
 
 
+def lone_plain_head(data: bytes, max_head_bytes: int) -> bool:
+    """Whether ``data`` is exactly one whole head with nothing behind it and nothing that frames a
+    body (no Content-Length, Transfer-Encoding or Expect anywhere in it: no body, by any reading)
+    and no bare LF: the usual GET arriving in one read, which needs no ``Reading`` (about a tenth
+    of its cost: a few byte searches in C)."""
+    if len(data) > max_head_bytes or data.find(WHOLE_HEAD) != len(data) - 4:
+        return False
+    lowered = data.lower()
+    return (b"content-length" not in lowered and b"transfer-encoding" not in lowered and b"expect" not in lowered
+            and data.count(b"\n") == data.count(b"\r\n"))
+
+
 class Reading:
     """One request's bytes as they arrive, and where it ends: ``feed`` answers the length of the
     whole request once it is all there (None before), or raises ``Refused``. Incremental: each

@@ -64,7 +64,7 @@ from gunicorn import util
 from gunicorn.http import wsgi
 from gunicorn.workers.gthread import ThreadWorker
 
-from fleet.front import ClientCounts, Deadlines, FrontLimits, Reading, Refused
+from fleet.front import ClientCounts, Deadlines, FrontLimits, Reading, Refused, lone_plain_head
 from fleet.lean import FrozenConfig, LeanResponse, nothing_to_drain
 from fleet.lean_request import LeanParser, plain_environ, plain_heads_allowed, replayable
 from fleet.slots import BOOTING, LEAVING, SERVING, Slots
@@ -424,18 +424,16 @@ class BalancedThreadWorker(ThreadWorker):
         if new:
             conn.parser = LeanParser(self.cfg, conn.sock, conn.client)
         unreader = conn.parser.unreader
-        left = unreader.buf.getvalue()
+        data: bytes | None = unreader.buf.getvalue()
         unreader.buf = io.BytesIO()
-        if left:
+        if data:
             conn.sock.setblocking(False)     # a thread left it blocking: the loop must never wait
-        if not self._front_enter(conn, new):
-            return
-        if left:
-            if self._front_feed(conn, left):
+        elif new:
+            data = self._recv_now(conn)
+            if data == b"":
+                self._front_drop(conn, "", registered=False, counted=False)
                 return
-        elif new and self._front_read(conn):
-            return
-        self._front_wait(conn, registered=False)
+        self._front_begin(conn, data, new, registered=False)
 
     def on_client_socket_readable(self, conn: Any, client: Any) -> None:
         """A kept-alive connection's next request begins: read on the loop (its socket stays
@@ -444,8 +442,37 @@ class BalancedThreadWorker(ThreadWorker):
             super().on_client_socket_readable(conn, client)
             return
         self.keepalived_conns.remove(conn)
-        if self._front_enter(conn, False, registered=True) and not self._front_read(conn, registered=True):
-            self._front_wait(conn, registered=True)
+        data = self._recv_now(conn)
+        if data == b"":
+            self._unregister(conn.sock)
+            self._front_drop(conn, "", registered=False, counted=False)
+            return
+        self._front_begin(conn, data, False, registered=True)
+
+    def _front_begin(self, conn: Any, data: bytes | None, new: bool, registered: bool) -> None:
+        """The first bytes of a request (None: none yet). The usual GET, whole in one read, goes
+        on at once (``lone_plain_head``); anything else is read through a ``Reading``."""
+        if data and lone_plain_head(data, self._limits.max_head_bytes):
+            if registered:
+                self._unregister(conn.sock)
+            if new and self.nr_conns > self._max_connections:
+                self._make_room(None)
+            self._front_whole(conn, data, alone=True, continued=False)
+            return
+        if not self._front_enter(conn, new, registered):
+            return
+        if data and self._front_feed(conn, data, registered):
+            return
+        self._front_wait(conn, registered)
+
+    def _recv_now(self, conn: Any) -> bytes | None:
+        """What the socket has, without waiting: None when nothing yet, b"" when the client is gone."""
+        try:
+            return conn.sock.recv(65536)
+        except (BlockingIOError, InterruptedError):
+            return None
+        except OSError:
+            return b""
 
     def _front_enter(self, conn: Any, new: bool, registered: bool = False) -> bool:
         client = conn.client[0] if type(conn.client) is tuple else ""
@@ -475,14 +502,11 @@ class BalancedThreadWorker(ThreadWorker):
         self._front_read(conn, registered=True)
 
     def _front_read(self, conn: Any, registered: bool = False) -> bool:
-        """What the socket has now, without waiting; whether the request left the front
-        (whole, refused, or the client gone)."""
-        try:
-            data = conn.sock.recv(65536)
-        except (BlockingIOError, InterruptedError):
+        """More of a request being read; whether it left the front (whole, refused, or the
+        client gone)."""
+        data = self._recv_now(conn)
+        if data is None:
             return False
-        except OSError:
-            data = b""
         if not data:
             if conn.gw_reading.buf:       # the client stopped sending (half-closed) mid-request: tell it why
                 refusal = Refused(400, "malformed_request", "the connection ended before the request was whole")
@@ -505,13 +529,18 @@ class BalancedThreadWorker(ThreadWorker):
                 self._body_begins(conn, reading)
             return False
         self._front_leave(conn, registered or getattr(conn, "gw_registered", False))
-        conn.parser.unreader.unread(bytes(reading.buf))
-        conn.gw_arrived = time.monotonic()
-        conn.gw_continued = reading.continued
-        conn.data_ready = True
-        if end != len(reading.buf) or not self._answered_here(conn):
-            ThreadWorker.enqueue_req(self, conn)
+        self._front_whole(conn, bytes(reading.buf), alone=end == len(reading.buf), continued=reading.continued)
         return True
+
+    def _front_whole(self, conn: Any, data: bytes, alone: bool, continued: bool) -> None:
+        """A request arrived whole (and, when not ``alone``, more behind it): answered on this
+        loop when it can be, else handed to a thread, which finds every byte of it read."""
+        conn.parser.unreader.unread(data)
+        conn.gw_arrived = time.monotonic()
+        conn.gw_continued = continued
+        conn.data_ready = True
+        if not alone or not self._answered_here(conn):
+            ThreadWorker.enqueue_req(self, conn)
 
     def _body_begins(self, conn: Any, reading: Reading) -> None:
         """The head is whole, the body not: its own deadline; the client told to go on when it
@@ -576,9 +605,10 @@ class BalancedThreadWorker(ThreadWorker):
             timeout = min(timeout, max(0.0, upcoming - now))
         return timeout
 
-    def _make_room(self, newcomer: Any) -> None:
+    def _make_room(self, newcomer: Any | None) -> None:
         """At the cap: close the connection whose request has been arriving the longest, else the
-        longest idle kept-alive one, else the newcomer (every other connection is being served)."""
+        longest idle kept-alive one, else the newcomer (every other connection is being served;
+        None: a newcomer whose request is whole already, let through one over the cap)."""
         oldest = self._deadlines.oldest(self._reading_of)
         if oldest is not None:
             self._front_drop(oldest, "evicted", registered=True)
@@ -588,7 +618,7 @@ class BalancedThreadWorker(ThreadWorker):
             self.nr_conns -= 1
             self._closed_counter("evicted_idle")
             idle.close()
-        else:
+        elif newcomer is not None:
             self._front_drop(newcomer, "evicted", registered=False)
 
     def _answered_here(self, conn: Any) -> bool:

@@ -110,3 +110,21 @@ def test_the_servers_arrival_stamp_is_the_one_the_application_reads():
     from gateway.http import common
 
     assert worker.ARRIVED == common.ARRIVED
+
+
+@pytest.mark.parametrize("data, plain", [
+    (GET, True),
+    (GET + b"G", False),                                                         # more behind it
+    (GET[:-2], False),                                                           # not whole
+    (b"POST /q/x HTTP/1.1\r\ncontent-LENGTH: 0\r\n\r\n", False),                 # a body's framing, any case
+    (b"POST /q/x HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n", False),
+    (b"GET / HTTP/1.1\r\nHost: x\nX: y\r\n\r\n", False),                         # a bare LF
+    (b"GET / HTTP/1.1\r\nX: " + b"a" * 5000 + b"\r\n\r\n", False),               # over the head's cap
+])
+def test_the_usual_get_is_recognised_without_a_reading(data, plain):
+    """``lone_plain_head``'s yes must be the ``Reading``'s: one whole request, nothing behind it."""
+    from fleet.front import lone_plain_head
+
+    assert lone_plain_head(data, LIMITS.max_head_bytes) is plain
+    if plain:
+        assert fed(data) == len(data)
