@@ -93,7 +93,7 @@ class Settings:
                                  "at about 35 KiB/s); past it, 408 `request_timeout` and the connection closed.")
     max_head_bytes: int = _doc(32_768, "Largest request head (request line and header fields); larger "
                                "answers 431 `headers_too_large`.")
-    max_connections: int = _doc(8192, "Connections a worker holds in all (idle kept-alive ones included). At "
+    max_connections: int = _doc(16_384, "Connections a worker holds in all (idle kept-alive ones included). At "
                                 "the cap a new connection is still accepted, and the connection whose request "
                                 "has been arriving the longest (else the longest idle one) is closed to make "
                                 "room: a flood of idle or slow connections cannot lock well-behaved clients "
