@@ -219,3 +219,65 @@ def test_health_and_ready_answer_while_every_thread_waits_on_the_database(master
         assert max(timings) < 1.0, timings
         statuses = [call.result().status_code for call in calls]
         assert set(statuses) <= {200, 503} and statuses.count(200) >= 16, statuses   # 503: connection_busy
+
+
+@pytest.fixture(scope="module")
+def capped(services, tmp_path_factory, app):
+    """One worker, a cap in all of 30 connections, 8 being read per address, 127.0.0.40 a proxy."""
+    one = Master(services, tmp_path_factory.mktemp("front-capped"), workers=1, max_connections=30,
+                 max_reading_per_client=8, front_proxies="127.0.0.40", metrics_token="front-metrics")
+    try:
+        yield one.start(90)
+    finally:
+        one.stop()
+
+
+def _still_open(socks: list[socket.socket]) -> int:
+    open_now = 0
+    for sock in socks:
+        sock.settimeout(0.05)
+        try:
+            open_now += sock.recv(1) != b""
+        except TimeoutError:
+            open_now += 1
+        except ConnectionResetError:
+            pass
+    return open_now
+
+
+def test_at_the_cap_the_connection_read_the_longest_makes_room(capped):
+    """60 slow connections from many addresses (none over its per-address share) against a cap of
+    30: the oldest are closed as new ones come, so the worker never holds more than its cap, and
+    a newcomer is served."""
+    before = closed_by_front(capped, "evicted")
+    held = []
+    try:
+        for n in range(60):
+            sock = connect(capped, f"127.0.1.{10 + n}")
+            sock.sendall(b"GET /health HTTP/1.1\r\n")
+            held.append(sock)
+            time.sleep(0.01)
+        time.sleep(0.3)
+        assert _still_open(held) <= 30
+        assert _still_open(held[:20]) == 0                           # the oldest went first
+        assert timed_get(capped.base + "/health") < 1.0
+    finally:
+        for sock in held:
+            sock.close()
+    assert closed_by_front(capped, "evicted") - before >= 30
+
+
+def test_a_proxy_is_not_held_to_the_per_address_share(capped):
+    """Behind a balancer every client has its address: 20 requests being read from the proxy's
+    address are all kept; 20 from another address, only 8."""
+    proxy = [connect(capped, "127.0.0.40") for _ in range(20)]
+    other = [connect(capped, "127.0.0.41") for _ in range(20)]
+    try:
+        for sock in proxy + other:
+            sock.sendall(b"GET /health HTTP/1.1\r\n")
+        time.sleep(0.3)
+        assert _still_open(proxy) == 20
+        assert _still_open(other) == 8
+    finally:
+        for sock in proxy + other:
+            sock.close()
