@@ -159,8 +159,8 @@ def test_a_rolling_restart_of_the_masters_fails_no_call(fleet, admin, superuser)
         time.sleep(0.2)
 
 
-# Calls failed over at most 0.19 s, nginx back after 0.04-0.20 s (load average 11-20; the
-# README's "When something fails"): the supervisor's poll (0.1 s), nginx's start, and its bind
+# Calls failed over at most 0.19 s, nginx back after 0.04-0.20 s (load average 11-20;
+# docs/failures.md): the supervisor's poll (0.1 s), nginx's start, and its bind
 # once the old workers have let the port go.
 NGINX_OUTAGE_S = 2.0
 
