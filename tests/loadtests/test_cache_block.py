@@ -36,9 +36,9 @@ def test_pending_workers_are_waited_for_and_timed(caller):
     assert caller.until_acknowledged(3, since) == 0.0          # all there at the first look
     written = []
 
-    def acknowledge():
-        r.hset(invalidation.ACKS, "w2", 5)
+    def acknowledge():   # timed before the write: the waiter may see it before append() runs
         written.append(time.perf_counter() - since)
+        r.hset(invalidation.ACKS, "w2", 5)
     threading.Timer(0.15, acknowledge).start()
     waited = caller.until_acknowledged(5, since)
     # Timed up to the look that saw it (a Timer fires late on a busy machine: timed from its write).
