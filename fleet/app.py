@@ -35,6 +35,8 @@ def ports_for(settings: Settings, sync: Sync | None = None) -> Ports:
     admission = AdmitAll() if settings.admission == "off" else \
         LeasedAdmission(settings.redis_url, settings, workers_hint=lambda: sync.live_workers,
                         history=AdmittedUsage(store_connector(settings)))
+    if isinstance(admission, LeasedAdmission) and isinstance(sync, RedisBus):
+        sync.redis_lost_data = admission.redis_lost_data
     events = RedisEvents(settings.redis_url, settings.events_maxlen, settings.events_max_streams,
                          worker_name()) if settings.events else None
     # The response cache's purge bus, and its shared tier when GATEWAY_CACHE_SHARED=on.

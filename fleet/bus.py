@@ -54,6 +54,7 @@ import os
 import socket
 import threading
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import redis
@@ -80,10 +81,10 @@ REPUBLISH_MAX_S = 0.4
 _HEARTBEAT = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-redis.call('HSET', KEYS[1], ARGV[1], now + tonumber(ARGV[2]))
+local new = redis.call('HSET', KEYS[1], ARGV[1], now + tonumber(ARGV[2]))
 local live, alive = 0, redis.call('HVALS', KEYS[1])
 for i = 1, #alive do if tonumber(alive[i]) > now then live = live + 1 end end
-return live
+return {live, new}
 """
 # The catalog bus's heartbeat also writes the worker's last ack (ARGV[3]) again if it is gone
 # (pruned while the worker was stalled): an ack is written once per generation reached, and a
@@ -149,7 +150,10 @@ class RedisBus:
         self._thread: threading.Thread | None = None
         self._holder: CatalogHolder | None = None
         self.connected = False
-        self.live_workers = 1      # seen on the last heartbeat; admission's fallback share
+        self.live_workers = 0      # seen on the last heartbeat (0: not yet); admission's headroom and shares
+        self._beaten = False
+        # Called (on the bus thread) when a heartbeat finds this worker's entry gone from Redis.
+        self.redis_lost_data: Callable[[], None] | None = None
 
     # --- worker side -------------------------------------------------------------------
     def start(self, holder: CatalogHolder) -> None:
@@ -196,8 +200,13 @@ class RedisBus:
 
     def _ping(self, pubsub: redis.client.PubSub) -> float:
         sent = time.monotonic()
-        self.live_workers = int(self._heartbeat(keys=[ALIVE, ACKS],
-                                                args=[self._worker, int(self._lease_s * 1000), self._acked]))
+        live, new = self._heartbeat(keys=[ALIVE, ACKS], args=[self._worker, int(self._lease_s * 1000), self._acked])
+        self.live_workers = int(live)
+        if new and self._beaten and self.redis_lost_data is not None:
+            # Our own entry was gone: Redis lost its data (a restart without persistence, a
+            # failover to a replica that never had it) since the last beat.
+            self.redis_lost_data()
+        self._beaten = True
         pubsub.ping()
         return sent
 

@@ -205,17 +205,23 @@ class Settings:
     rate_limit_burst: int = _doc(0, "Bucket size of `GATEWAY_RATE_LIMIT`. 0: the limit's N.")
     trust_proxy: int = _doc(0, "How many `X-Forwarded-For` hops to believe for the client IP "
                             "(1 behind one load balancer). 0: the socket's peer.")
-    lease_ms: int = _doc(100, "Longest a worker spends a lease of tokens or quota calls before "
-                         "handing back what is left (the L of the documented bound).")
+    lease_ms: int = _doc(100, "How often a worker reports the calls it admitted on rate limits' local "
+                         "headroom (one batched script), and the longest it spends a lease of tokens "
+                         "before dropping what is left (the L of the documented bound).")
     lease_max: int = _doc(256, "Largest lease (tokens or calls) a worker takes in one Redis script "
                           "(never more than a quarter of what the bucket holds).")
+    quota_hold_s: float = _doc(300.0, "Longest a worker holds calls leased from a key's quota before handing "
+                               "back what is left: a key far below its quota costs one script per lease "
+                               "however rarely it is called; leased calls are refused to other workers "
+                               "for at most this long.")
     concurrency_lease_ms: int = _doc(10000, "A key's `max_concurrent` places live in Redis as leases "
                                      "renewed every third of this while their calls run: a worker killed "
                                      "holding places frees them within this long.")
     redis_timeout_ms: int = _doc(250, "Socket timeout of admission calls to Redis (past it, the call "
                                  "counts as Redis unreachable for 250 ms).")
     redis_failure: str = _doc("open", "With Redis unreachable: `open` admits through a local limiter "
-                              "holding this worker's share of each limit; `closed` answers 503.")
+                              "holding this worker's share of each rate limit; `closed` answers 503. "
+                              "Quotas, either way: the calls a worker had leased, then 503.")
     degraded_log_s: int = _doc(60, "While Redis is unreachable each worker logs once when it starts deciding "
                                "locally, once when Redis answers again, and every this many seconds a "
                                "summary (calls admitted and refused locally).")
@@ -266,6 +272,8 @@ class Settings:
                              "redis+cluster:// or redis+sentinel://")
         if self.cache_shared not in ("on", "off"):
             raise SystemExit("GATEWAY_CACHE_SHARED must be 'on' or 'off'")
+        if self.quota_hold_s <= 0:
+            raise SystemExit("GATEWAY_QUOTA_HOLD_S must be above 0")
         if self.concurrency_lease_ms < 300:
             raise SystemExit("GATEWAY_CONCURRENCY_LEASE_MS must be at least 300 (renewed every third of it)")
         if min(self.warm_calls, self.warm_sessions, self.warm_window_s) < 0:

@@ -40,7 +40,7 @@ def server(tmp_path_factory):
 def test_degraded_logs_once_per_state_change_plus_a_summary(server, caplog):
     admission = LeasedAdmission(server.url(), Settings(redis_url=server.url(), lease_ms=100,
                                                        redis_timeout_ms=250, degraded_log_s=SUMMARY_S),
-                                workers_hint=lambda: 1)
+                                workers_hint=lambda: 0)   # no headroom (fleet.rates): the fallback decides
     key = SimpleNamespace(id=random.randrange(10**9, 10**12), rate=Rate.parse("100000/second", None), quota=None)
     admitted = refused = 0
     counts_lock = threading.Lock()

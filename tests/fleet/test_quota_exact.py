@@ -179,7 +179,7 @@ def test_a_slow_answer_mid_quota_admits_nothing_beyond_redis(relay, services, rd
 def test_a_hand_back_answered_late_is_not_handed_back_twice(relay, services, rdb):
     """An expired lease's leftovers go back to Redis from the flusher; the hand-back runs on
     Redis but its reply comes late. The worker must not hand the same leftovers back again
-    (``_settle_quota`` lowers ``lease.tokens`` only after the reply): each time it does,
+    (``_settle_quota`` lowered ``lease.tokens`` only after the reply): each time it does,
     Redis's counter drops below the calls admitted and the quota admits that much more (on the
     code of issue #26: the counter fell to 10 with 20 admitted, and 210 of 200 were admitted)."""
     clock = FakeClock()
@@ -191,7 +191,7 @@ def test_a_hand_back_answered_late_is_not_handed_back_twice(relay, services, rdb
         leased = counter(rdb, key)
         assert leased > admitted, leased             # leftovers to hand back
         relay.reply_delay_s = LATE_S
-        clock.now += 0.2                             # the lease expired: its leftovers go back
+        clock.now += Settings().quota_hold_s + 0.2   # the lease expired: its leftovers go back
         admission.flush()
         # The hand-back ran on Redis, though its reply is still held.
         wait_until(lambda: counter(rdb, key) <= admitted, 5, 0.01, "the hand-back to reach Redis")

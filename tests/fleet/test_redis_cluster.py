@@ -23,6 +23,10 @@ import time
 import pytest
 from redis.cluster import key_slot
 
+from fleet.leases import LeasedAdmission
+from fleet.rates import parse_bucket, rate_bucket
+from gateway.settings import Settings
+from helpers.admission import FakeClock, a_key
 from helpers.api import Api
 from helpers.failover import SHARED_WITHIN_S, failover_under_load, report
 from helpers.history import key_id
@@ -66,12 +70,36 @@ def admin(masters, services):
 def test_every_script_keeps_its_keys_in_one_slot():
     # The keys each script is sent (fleet.leases, fleet.bus), as the modules build them.
     groups = [["gw:{fleet}:alive"], ["gw:{fleet}:alive", "gw:{fleet}:acks"],
-              ["gw:{fleet}:generation", "gw:{fleet}:invalidate"], ["gw:{rl:key:7}"], ["gw:{rl:ip:10.0.0.1}"],
+              ["gw:{fleet}:generation", "gw:{fleet}:invalidate"], [rate_bucket("key", 7)], [rate_bucket("ip", "10.0.0.1")],
+              [rate_bucket("key", i) for i in range(7, 7 + 64 * 3, 64)],   # a report: one script per shard
               ["gw:{q:7}:2026-11-30"]]
     for keys in groups:
         assert len({key_slot(k.encode()) for k in keys}) == 1, keys
     # and two buckets of one key are two slots: a key's rate and quota spread over the masters
-    assert key_slot(b"gw:{rl:key:7}") != key_slot(b"gw:{q:7}:2026-11-30")
+    assert key_slot(rate_bucket("key", 7).encode()) != key_slot(b"gw:{q:7}:2026-11-30")
+
+
+def test_reports_are_one_script_per_shard_on_the_cluster(cluster):
+    """Rate buckets' batched reports (fleet.rates) on a cluster: one script per shard, every
+    bucket written on the master of its slot."""
+    clock = FakeClock()
+    admission = LeasedAdmission(cluster.url, Settings(redis_url=cluster.url), workers_hint=lambda: 1, clock=clock)
+    keys = [a_key("20/second", 20) for _ in range(300)]
+    try:
+        for key in keys:
+            admission.admit_key(key)
+        clock.now += 1.0
+        admission.flush()
+        shards = {rate_bucket("key", key.id).split("}")[0] for key in keys}
+        assert admission.rates.reported == len(keys) and admission.redis_calls == len(shards)
+        client = cluster.client()
+        try:
+            assert all(parse_bucket(client.get(rate_bucket("key", key.id)))[0] == pytest.approx(19, abs=0.5)
+                       for key in keys)
+        finally:
+            client.close()
+    finally:
+        admission.close()
 
 
 def test_master_killed_under_load(cluster, masters, admin):
@@ -81,9 +109,9 @@ def test_master_killed_under_load(cluster, masters, admin):
         masters, admin, cluster.client, fail=doomed.kill,
         promoted=lambda: cluster.wait_master(replica, 20),
         # the key's rate bucket on the master that dies, with the bus
-        pick_key=lambda kid: cluster.master_of(f"gw:{{rl:key:{kid}}}") is doomed,
+        pick_key=lambda kid: cluster.master_of(rate_bucket("key", kid)) is doomed,
         # a key whose rate and quota buckets are on the masters that live
-        bystander=lambda kid: doomed not in (cluster.master_of(f"gw:{{rl:key:{kid}}}"),
+        bystander=lambda kid: doomed not in (cluster.master_of(rate_bucket("key", kid)),
                                              cluster.master_of(f"gw:{{q:{kid}}}:x")))
     print(report(result, "cluster, master SIGKILL"))
     cluster.restore(doomed)
@@ -154,4 +182,9 @@ def test_quota_rebuilt_when_the_promoted_replica_lagged(cluster, masters, admin)
     admitted = spent + sum(c.status == 200 for c in after)
     print(f"cluster, lagged replica promoted: {spent} calls before the SIGKILL, {admitted} of 300 in all")
     assert set(statuses(before + after)) <= {(200, None), (429, "quota_exceeded")}, statuses(before + after)
-    assert admitted == 300, (spent, admitted)
+    # The documented bound: the quota + the calls in flight at the loss, here the calls left in
+    # the workers' leases of the lost bucket (at most one lease each, at most a quarter of what
+    # was left over W: at most a quarter of the quota in all); on a cluster a worker does not
+    # learn that a master other than the bus's lost its data (fleet.leases), so it spends them.
+    # (Before leases were held, up to GATEWAY_QUOTA_HOLD_S, they had expired by then: 300.)
+    assert 300 <= admitted <= 300 + 300 // 4, (spent, admitted)

@@ -1,0 +1,259 @@
+"""``fleet.rates`` (through ``fleet.leases.LeasedAdmission``) against a real Redis: simulated
+workers, each an admission of its own, sharing buckets in Redis.
+
+What is proven: a bucket far below its limit costs no round trip per call and its calls are
+reported many buckets to a script; no burst across workers passes an exact token bucket;
+in any window T at most b + r * (T + L); a report that fails is sent again, never lost; the
+fleet's size unknown means no headroom; leases behave as before once a bucket runs low.
+"""
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+import redis
+
+from fleet.leases import LeasedAdmission
+from fleet.rates import parse_bucket, rate_bucket
+from gateway.errors import GatewayError
+from helpers.admission import FakeClock, a_key, hammer, most_inside, settings
+from helpers.util import free_port
+
+
+@pytest.fixture
+def redis_url(services):
+    return services.redis_url
+
+
+@pytest.fixture
+def rdb(services):
+    client = services.redis_client()
+    yield client
+    client.close()
+
+
+def level(rdb, key) -> float | None:
+    value = rdb.get(rate_bucket("key", key.id))
+    return None if value is None else parse_bucket(value)[0]
+
+
+def test_far_below_the_limit_no_round_trip_per_call_and_one_report_for_many(redis_url, rdb):
+    clock = FakeClock()
+    admission = LeasedAdmission(redis_url, settings(redis_url), workers_hint=lambda: 1, clock=clock)
+    keys = [a_key("20/second", 20) for _ in range(100)]   # h = 20 / 2 = 10 each
+    try:
+        for key in keys:
+            for _ in range(3):
+                admission.admit_key(key)
+        assert admission.redis_calls == 0 and level(rdb, keys[0]) is None
+        admission.flush()                  # nothing due yet: not half the headroom, not a refill time old
+        assert admission.redis_calls == 0
+        clock.now += 1.0                   # b / r = 1 s: the oldest unreported calls are due
+        admission.flush()
+        assert admission.redis_calls == 1 and admission.rates.reported == 100
+        assert all(level(rdb, key) == pytest.approx(17, abs=0.5) for key in keys)
+        for _ in range(5):                 # 5 of h = 10: half the headroom, due at once
+            admission.admit_key(keys[0])
+        admission.flush()
+        assert admission.redis_calls == 2
+    finally:
+        admission.close()
+
+
+def test_the_fleet_not_yet_counted_takes_no_headroom(redis_url, rdb):
+    admission = LeasedAdmission(redis_url, settings(redis_url), workers_hint=lambda: 0)
+    key = a_key("20/second", 20)
+    try:
+        admission.admit_key(key)
+        assert admission.redis_calls == 1 and level(rdb, key) is not None   # a lease, at once
+    finally:
+        admission.close()
+
+
+@pytest.mark.parametrize("workers", [1, 4])
+def test_no_burst_across_workers_passes_an_exact_bucket(redis_url, rdb, workers):
+    """No refill (1/hour): whatever the interleaving, the fleet admits at most the burst, and
+    refuses at most the tokens kept for the others' headroom ((W-1) * h)."""
+    burst = 40
+    knobs = settings(redis_url, lease_ms=20, lease_max=8)
+    admissions = [LeasedAdmission(redis_url, knobs, workers_hint=lambda: workers) for _ in range(workers)]
+    key = a_key("1/hour", burst)
+    try:
+        admitted, refused = hammer(admissions, key, threads_each=max(1, 8 // workers), seconds=30, stop_when=0.3)
+    finally:
+        for a in admissions:
+            a.close()
+    h = burst // (2 * workers)
+    assert burst - (workers - 1) * h <= len(admitted) <= burst, (len(admitted), refused)
+    assert set(refused) == {"rate_limited"}
+    # Every admitted call reached Redis (reported or leased): nothing was lost on the way.
+    assert level(rdb, key) <= burst - len(admitted) + 0.01
+
+
+def test_the_window_bound_holds_with_headroom_in_use(redis_url):
+    rate, burst, lease_ms, seconds = 100, 80, 50, 3.0    # 4 workers: h = 10
+    knobs = settings(redis_url, lease_ms=lease_ms, lease_max=16)
+    admissions = [LeasedAdmission(redis_url, knobs, workers_hint=lambda: 4) for _ in range(4)]
+    key = a_key(f"{rate}/second", burst)
+    try:
+        admitted, refused = hammer(admissions, key, threads_each=2, seconds=seconds)
+        reported = sum(a.rates.reported for a in admissions)
+    finally:
+        for a in admissions:
+            a.close()
+    lease = lease_ms / 1000
+    for window in (0.05, 0.1, 0.25, 0.5, 1.0, 2.0):
+        most = most_inside(admitted, window)
+        assert most <= burst + rate * (window + lease), (window, most)
+    assert len(admitted) >= 0.8 * rate * seconds, (len(admitted), refused)
+    assert refused.get("rate_limited", 0) > 0.1 * len(admitted), refused
+    assert reported > 0, "the headroom was never used"
+
+
+def test_a_failed_report_is_sent_again():
+    url = f"redis://127.0.0.1:{free_port()}/0"   # nothing listens there
+    clock = FakeClock()
+    admission = LeasedAdmission(url, settings(url), workers_hint=lambda: 1, clock=clock)
+    key = a_key("20/second", 20)
+    try:
+        for _ in range(3):
+            admission.admit_key(key)            # local: Redis is not asked
+        clock.now += 1.0
+        admission.flush()                       # the report fails
+        bucket = admission.rates.bucket(key.id)
+        assert bucket.unreported == 3 and bucket.in_flight == 0
+        assert admission.degraded.degraded
+    finally:
+        admission.close()
+
+
+def test_a_low_bucket_is_shared_then_local_again(redis_url, rdb):
+    clock = FakeClock(time.monotonic())
+    admission = LeasedAdmission(redis_url, settings(redis_url, lease_ms=100), workers_hint=lambda: 1, clock=clock)
+    key = a_key("20/second", 20)
+    bucket = admission.rates.bucket(key.id)
+    try:
+        for _ in range(20):                     # 10 local; a report finds 10 = W * h left: 10 more
+            admission.admit_key(key)
+        assert bucket.local and admission.redis_calls == 1
+        with pytest.raises(GatewayError):       # the next report finds 0: shared, and empty
+            admission.admit_key(key)
+        assert not bucket.local
+        time.sleep(1.1)                         # Redis time: the bucket refills
+        clock.now += 1.1
+        admission.admit_key(key)                # the lease expired: the answer says local again
+        assert bucket.local
+    finally:
+        admission.close()
+
+
+def test_rate_leftovers_of_an_expired_lease_are_dropped(redis_url, rdb):
+    """Handing leftovers back would break the bound (see the test below): they are dropped,
+    and the next lease is smaller. (No headroom: leases from the first call.)"""
+    clock = FakeClock()
+    admission = LeasedAdmission(redis_url, settings(redis_url, lease_ms=100, lease_max=64), clock=clock,
+                                workers_hint=lambda: 0)
+    key = a_key("1/hour", 1000)   # refill negligible: the bucket moves only by leases
+    try:
+        for _ in range(20):
+            admission.admit_key(key)   # leases of 2, 4, 8, 16: 30 taken, 20 spent
+        leased = 1000 - level(rdb, key)
+        assert leased > 20, leased
+        clock.now += 0.2               # past the lease
+        admission.flush()
+        assert level(rdb, key) == pytest.approx(1000 - leased, abs=0.05)
+        want_before = admission.rates.bucket(key.id).want
+        admission.admit_key(key)       # a new lease, smaller than the last
+        assert admission.rates.bucket(key.id).want < want_before
+    finally:
+        admission.close()
+    assert level(rdb, key) < 1000 - leased
+
+
+def test_redis_unreachable_open_admits_the_headroom_then_the_local_share():
+    url = f"redis://127.0.0.1:{free_port()}/0"   # nothing listens there
+    clock = FakeClock()
+    admission = LeasedAdmission(url, settings(url, redis_failure="open"), workers_hint=lambda: 4, clock=clock)
+    key = a_key("100/second", 40)
+    try:
+        admitted = 0
+        with pytest.raises(GatewayError) as refused:
+            for _ in range(100):
+                admission.admit_key(key)
+                admitted += 1
+        assert admitted == 5 + 10              # h = 40 / 8, then burst 40 shared by 4 workers
+        assert refused.value.status == 429 and refused.value.code == "rate_limited"
+        assert refused.value.headers["Retry-After"] == "1"
+        clock.now += 0.2                       # 100/s / 4 = 25/s: 5 more tokens
+        for _ in range(5):
+            admission.admit_key(key)
+        with pytest.raises(GatewayError):
+            admission.admit_key(key)
+        assert admission.fallbacks == 17
+    finally:
+        admission.close()
+
+
+def test_redis_back_means_shared_again(redis_url, rdb):
+    """After a failure the worker retries Redis within 250 ms and leases from the shared
+    bucket again (the bucket appears in Redis)."""
+    clock = FakeClock()
+    admission = LeasedAdmission(redis_url, settings(redis_url, redis_failure="open"), clock=clock,
+                                workers_hint=lambda: 0)
+    key = a_key("100/second", 100)
+    try:
+        admission.reach.failed(redis.ConnectionError("simulated"))
+        admission.admit_key(key)
+        assert admission.fallbacks == 1 and level(rdb, key) is None
+        clock.now += 0.3
+        admission.admit_key(key)
+        assert level(rdb, key) is not None and admission.redis_calls == 1
+    finally:
+        admission.close()
+
+
+def test_handed_back_leftovers_stay_within_the_documented_bound(redis_url):
+    """Three workers, busy on the key before (their lease size grew to 256), each take one lease
+    from a full bucket and go idle. The bucket refills to its burst before their leases expire;
+    their flushers drop the leftovers, while a fourth worker drains the bucket."""
+    rate, burst, lease_s = 1000, 1024, 0.4
+    knobs = settings(redis_url, lease_ms=int(lease_s * 1000), lease_max=256)
+    key = a_key(f"{rate}/second", burst)
+    clocks = [FakeClock(time.monotonic()) for _ in range(3)]
+    idle = [LeasedAdmission(redis_url, knobs, clock=c, workers_hint=lambda: 0) for c in clocks]
+    busy = LeasedAdmission(redis_url, knobs, workers_hint=lambda: 0)
+    admitted, stop = [], threading.Event()
+
+    def drain():
+        while not stop.is_set():
+            before = time.monotonic()
+            try:
+                busy.admit_key(key)
+                admitted.append((before, time.monotonic()))
+            except GatewayError:
+                time.sleep(0.0002)
+    try:
+        for admission in idle:
+            admission.rates.bucket(key.id).want = 256   # what a busy spell on this key leaves behind
+        taken_at = time.monotonic()
+        for admission, clock in zip(idle, clocks, strict=True):
+            clock.now = time.monotonic()
+            admission.admit_key(key)              # takes 256, 192, 144 tokens, spends 1 each
+        time.sleep(max(0.0, taken_at + 0.62 - time.monotonic()))   # the bucket is full again (592 ms)
+        drainer = threading.Thread(target=drain)
+        drainer.start()
+        time.sleep(max(0.0, taken_at + 0.72 - time.monotonic()))
+        for admission, clock in zip(idle, clocks, strict=True):
+            clock.now = time.monotonic()          # the flusher's tick, 1.8L after the take
+            admission.flush()
+        time.sleep(1.1)
+        stop.set()
+        drainer.join()
+    finally:
+        stop.set()
+        for admission in idle + [busy]:
+            admission.close()
+    admitted.sort()
+    window = 1.0
+    assert most_inside(admitted, window) <= burst + rate * (window + lease_s)
