@@ -52,6 +52,19 @@ def services(tmp_path_factory):
         servers.stop()
 
 
+@pytest.fixture
+def redis_url(services) -> str:
+    return services.redis_url
+
+
+@pytest.fixture
+def rdb(services):
+    """A client of the session's Redis."""
+    client = services.redis_client()
+    yield client
+    client.close()
+
+
 @pytest.fixture(scope="module")
 def private_services(tmp_path_factory):
     """A PostgreSQL + Redis pair of this module's own, for tests that stop or restart a server;

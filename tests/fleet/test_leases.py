@@ -19,18 +19,6 @@ from helpers.admission import FakeClock, a_key, hammer, most_inside, quota_bucke
 from helpers.util import free_port
 
 
-@pytest.fixture
-def redis_url(services):
-    return services.redis_url
-
-
-@pytest.fixture
-def rdb(services):
-    client = services.redis_client()
-    yield client
-    client.close()
-
-
 def test_rate_bound_holds_in_sliding_windows(redis_url):
     rate, burst, lease_ms, seconds = 200, 20, 50, 3.0
     knobs = settings(redis_url, lease_ms=lease_ms, lease_max=64)

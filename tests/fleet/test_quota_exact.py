@@ -48,6 +48,7 @@ from fleet.leases import LeasedAdmission
 from gateway.errors import GatewayError
 from gateway.model.limits import Quota, quota_window
 from gateway.settings import Settings
+from helpers.admission import FakeClock
 from helpers.api import Api
 from helpers.masters import Master
 from helpers.relay import DelayingRelay
@@ -61,26 +62,11 @@ REFUSALS = {"quota_exceeded", "admission_unavailable"}
 
 
 # --- driven directly ------------------------------------------------------------------------
-class FakeClock:
-    def __init__(self, start: float = 1000.0):
-        self.now = start
-
-    def __call__(self) -> float:
-        return self.now
-
-
 @pytest.fixture
 def relay(services):
     relay = DelayingRelay("127.0.0.1", services.redis.port)
     yield relay
     relay.close()
-
-
-@pytest.fixture
-def rdb(services):
-    client = services.redis_client()
-    yield client
-    client.close()
 
 
 def a_quota_key(calls: int):

@@ -21,18 +21,6 @@ from helpers.admission import FakeClock, a_key, hammer, most_inside, settings
 from helpers.util import free_port
 
 
-@pytest.fixture
-def redis_url(services):
-    return services.redis_url
-
-
-@pytest.fixture
-def rdb(services):
-    client = services.redis_client()
-    yield client
-    client.close()
-
-
 def level(rdb, key) -> float | None:
     value = rdb.get(rate_bucket("key", key.id))
     return None if value is None else parse_bucket(value)[0]

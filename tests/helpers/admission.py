@@ -1,5 +1,5 @@
-"""Driving admissions directly (tests/fleet/test_leases.py, test_rates.py): a clock, keys as the
-admission reads them, and a hammer of threads per simulated worker."""
+"""Driving admissions directly (tests/fleet/test_leases.py, test_rates.py, test_quota_exact.py): a
+clock, keys as the admission reads them, and a hammer of threads per simulated worker."""
 from __future__ import annotations
 
 import random
