@@ -17,9 +17,10 @@ DESIGNS = {
            'reimplementation run in our gateway\'s worker, not envoy itself: envoy adds a gRPC call to its '
            'ratelimit service per request, not counted here. No burst: 20 per fixed second.',
     QAG: 'QueryAPIGate 0.43.0 as its image runs it, with QUERYAPIGATE_REDIS_URL: a token bucket per client address '
-         'and per key in one EVALSHA each (ratelimit.py), the quota read (HMGET) before the call and added '
-         '(EXISTS, then HINCRBY x2 pipelined) after it (quotas.py). Its key model has no burst setting: its '
-         'bucket holds the rate\'s 20, where the skewed mix asks for 40.',
+         'and per key in one EVALSHA each (ratelimit.py); a quota read with an HMGET before the call and another '
+         'for its headers, and after a call that returned data an EXISTS then a MULTI/EXEC of two HINCRBY '
+         '(quotas.py: checked before, counted after). Its key model has no burst setting: its bucket holds the '
+         'rate\'s 20, where the skewed mix asks for 40.',
 }
 
 
