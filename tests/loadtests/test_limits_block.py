@@ -97,6 +97,20 @@ def test_mixes_give_each_product_its_limits():
     assert env == {'KEYS_FILE': '/k.txt', 'CLIENT_IPS': '10000', 'HOT_KEYS': '100', 'HOT_SHARE': '0.5'}
     assert 'HOT_KEYS' not in mixes.UNIFORM.wrk_env('/k.txt')
     assert [m.name for m in mixes.chosen('both')] == ['uniform', 'skewed']
+    # fewer keys for one target: the hot set stays the mix's
+    assert mixes.SKEWED.wrk_env('/q.txt', 2000, hot=100)['HOT_KEYS'] == '100'
+
+
+def test_keys_per_target_cap_queryapigate_alone():
+    from types import SimpleNamespace
+
+    from loadtests.blocks.limits.run import keys_for
+    full = SimpleNamespace(keys=None, qag_keys=2000)
+    assert keys_for(mixes.SKEWED, full) == 10_000 and keys_for(mixes.SKEWED, full, 'limits-on') == 10_000
+    assert keys_for(mixes.SKEWED, full, 'limits-qag') == 2000
+    assert keys_for(mixes.UNIFORM, full, 'limits-qag') == 1000
+    smoke = SimpleNamespace(keys=300, qag_keys=None)
+    assert keys_for(mixes.SKEWED, smoke, 'limits-qag') == 300 and keys_for(mixes.UNIFORM, smoke) == 300
 
 
 class CountingServer:

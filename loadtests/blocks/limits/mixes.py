@@ -38,10 +38,11 @@ class Mix:
             limits['quota'] = dict(self.quota)
         return limits
 
-    def wrk_env(self, keys_file: str, keys: int | None = None) -> dict:
-        """random_aid.lua's settings for this mix (`keys`: fewer keys than the mix, a smoke run)."""
+    def wrk_env(self, keys_file: str, keys: int | None = None, hot: int | None = None) -> dict:
+        """random_aid.lua's settings for this mix (`keys`: fewer keys than the mix, a smoke run; `hot`: the hot
+        set's size when it is not the mix's share of `keys`)."""
         env = {'KEYS_FILE': keys_file, 'CLIENT_IPS': str(self.client_ips)}
-        hot = self.hot(keys)
+        hot = self.hot(keys) if hot is None else hot
         if hot:
             env.update(HOT_KEYS=str(hot), HOT_SHARE=str(self.hot_share))
         return env
@@ -53,9 +54,10 @@ class Mix:
         total = keys or self.keys
         return max(1, round(total * self.hot_keys / self.keys))
 
-    def describe(self, keys: int | None = None) -> str:
+    def describe(self, keys: int | None = None, hot: int | None = None) -> str:
         total = keys or self.keys
-        spread = (f'the hottest {self.hot(keys):,} making {self.hot_share:.0%} of the calls' if self.hot_keys
+        hot = self.hot(keys) if hot is None else hot
+        spread = (f'the hottest {hot:,} making {self.hot_share:.0%} of the calls' if self.hot_keys
                   else 'every key equally likely')
         quota = f', a quota of {self.quota["calls"]:,} calls a {self.quota["per"]}' if self.quota else ''
         return (f'{total:,} keys at {KEY_RATE}/second (burst {self.burst}{quota}), {spread}; '

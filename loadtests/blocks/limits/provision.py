@@ -19,6 +19,7 @@ from .mixes import IP_RATE, Mix
 
 ENVOY_APP = 'loadtests.peers.envoy_app:create_app()'
 KEY_THREADS = 16         # Management API calls in flight while keys are created (the target is one worker)
+KEY_BATCH = 1000         # keys created between two saves of the secrets
 GATEWAY_VARIANTS = {
     ON: {'GATEWAY_ADMISSION': 'on', 'GATEWAY_RATE_LIMIT': IP_RATE, 'GATEWAY_TRUST_PROXY': '1'},
     OFF: {'GATEWAY_ADMISSION': 'off', 'GATEWAY_TRUST_PROXY': '1'},
@@ -26,8 +27,10 @@ GATEWAY_VARIANTS = {
     ENVOY: {'GATEWAY_ADMISSION': 'on', 'GATEWAY_RATE_LIMIT': IP_RATE, 'GATEWAY_TRUST_PROXY': '1'},
 }
 INDEX = {ON: 0, OFF: 1, ENVOY: 2, QAG: 3}   # port offsets
-# The secrets of the last run's keys, by target and mix (gitignored): with --keep-stores a run reuses them
-# instead of creating them again (QueryAPIGate creates a few dozen keys a second: 10,000 take minutes).
+# The secrets of the last runs' keys, by target and mix (gitignored): with --keep-stores a run reuses them
+# instead of creating them again. QueryAPIGate 0.43.0 reads every key twice to create one
+# (services/access.py create_key: apikeys.list_keys() for the name check and for the audit entry), so n keys
+# take a time in n squared: about 100 a second at first, a few a second past 2,000 on this machine.
 KEYS_CACHE = REPO / '.bench' / 'limits-keys'
 
 
@@ -77,42 +80,42 @@ def start_qag(args, work_dir: Path, cleanup: list):
 
 
 def mix_keys(target: targets.Target, mix: Mix, count: int, path: Path, server: str, reuse: bool) -> float:
-    """The mix's `count` keys on `target`, their secrets written to `path` (the first ones are the hot set): the
-    last run's when `reuse` (--keep-stores) and they still answer, else created anew; the seconds it took.
-    Made once per run and used by every round, phase and cell of the mix."""
+    """The mix's `count` keys on `target`, their secrets written to `path` (the first ones are the hot set): with
+    `reuse` (--keep-stores) the last runs' that still answer, topped up; else created anew. The seconds it took.
+    Made once per run and used by every round, phase and cell of the mix. The secrets are saved after every batch
+    of KEY_BATCH, so an interrupted creation is not lost."""
     cache = KEYS_CACHE / f'{target.name}-{mix.name}.json'
     limits = mix.key_limits('qag' if target.name == QAG else 'gateway')
-    found = _cached(cache, target, server, limits, count) if reuse else None
-    took = 0.0
-    if found is None:
-        started = time.monotonic()
-        found = create_keys(target, limits, mix.name, count)
-        took = time.monotonic() - started
-        log(f'{target.name}: {count:,} {mix.name} keys with {limits} in {took:.1f} s ({count / took:,.0f} a second)')
+    found = (_cached(cache, target, server, limits) if reuse else [])[:count]
+    reused, started = len(found), time.monotonic()
+    while len(found) < count:
+        found += create_keys(target, limits, mix.name, min(KEY_BATCH, count - len(found)))
         cache.parent.mkdir(parents=True, exist_ok=True)
         cache.write_text(json.dumps({'server': server, 'limits': limits, 'secrets': found}))
-    else:
-        log(f'{target.name}: {count:,} {mix.name} keys of the last run reused ({cache})')
+    took = time.monotonic() - started
+    made = count - reused
+    log(f'{target.name}: {count:,} {mix.name} keys with {limits}: {reused:,} of the last run reused, {made:,} made'
+        + (f' in {took:.1f} s ({made / took:,.0f} a second)' if made else ''))
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text('\n'.join(found) + '\n')
     return took
 
 
-def _cached(cache: Path, target: targets.Target, server: str, limits: dict, count: int) -> list[str] | None:
-    """The last run's secrets for this target and mix, if they were made on this server with these limits and
-    its first and last key still answer (the store was kept)."""
+def _cached(cache: Path, target: targets.Target, server: str, limits: dict) -> list[str]:
+    """The last runs' secrets for this target and mix, if they were made on this server with these limits and
+    the first and last still answer (the store was kept); else none."""
     try:
         doc = json.loads(cache.read_text())
     except (OSError, ValueError):
-        return None
+        return []
     found = doc.get('secrets') or []
-    if doc.get('server') != server or doc.get('limits') != limits or len(found) != count:
-        return None
+    if doc.get('server') != server or doc.get('limits') != limits or not found:
+        return []
     for secret in (found[0], found[-1]):
         status, _ = targets.http('GET', target.url(f'{target.query_path}?{target.param}=1'),
                                  headers={'X-API-Key': secret})
         if status not in (200, 429):
-            return None
+            return []
     return found
 
 

@@ -8,6 +8,7 @@ from pathlib import Path
 from ... import rundir
 from ..oltp.render import render as closed_loop
 from . import ENVOY, QAG, legacy, render_accuracy, render_cost
+from .mixes import MIXES
 
 DESIGNS = {
     ENVOY: 'envoyproxy/ratelimit\'s algorithm, reimplemented in the harness (loadtests/peers/fixed_window.py, after '
@@ -40,13 +41,31 @@ def sections(meta: dict, runs: list[dict]) -> list[str]:
     targets = [t['name'] for t in meta.get('targets', [])]
     out = ['## Targets', ''] + [f'- `{t["name"]}`: {t.get("description", "")}' for t in meta.get('targets', [])]
     out += [''] + [f'- `{name}`: {text}' for name, text in DESIGNS.items() if name in targets] + ['']
-    created = settings.get('keys_created_s') or {}
-    if created:
-        out += ['Keys created through each target\'s Management API (16 calls at a time), once per run: '
-                + ', '.join(f'{k} {v:g} s' for k, v in created.items()) + '.', '']
+    out += key_lines(settings)
     for mix in settings.get('mixes', []):
         out += render_cost.mix_section(runs, mix, settings.get('mix_text', {}).get(mix, mix), targets)
     out += render_accuracy.section(runs, targets)
+    return out
+
+
+def key_lines(settings: dict) -> list[str]:
+    """How long each target's keys took to make, and the targets given fewer keys than their mix."""
+    out = []
+    created = settings.get('keys_created_s') or {}
+    if created:
+        out += ['Keys made through each target\'s Management API (16 calls at a time), once per run (0 s: those of '
+                'an earlier run, kept with --keep-stores): '
+                + ', '.join(f'{k} {v:g} s' for k, v in created.items()) + '.', '']
+    for mix, by_target in (settings.get('keys_by_target') or {}).items():
+        full = (settings.get('keys') or {}).get(mix)
+        hot = MIXES[mix].hot(full) if mix in MIXES and full else 0
+        for target, count in by_target.items():
+            if full and count < full:
+                out += [f'**Mix `{mix}`: `{target}` has {count:,} keys, not {full:,}** (--qag-keys: QueryAPIGate '
+                        '0.43.0 reads every key twice to create one, so n keys take a time in n squared). Its hot '
+                        'set is the mix\'s, with the same share of the calls: its hot keys are asked as often as '
+                        f'the others\', each of its other keys {(full - hot) / max(count - hot, 1):.1f}× as often.',
+                        '']
     return out
 
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from ... import system
 from ...harness import log, record_variants, run_rounds
-from . import OFF, TARGETS, accuracy
-from .mixes import IP_RATE, KEY_RATE, chosen
+from . import OFF, QAG, TARGETS, accuracy
+from .mixes import IP_RATE, KEY_RATE, Mix, chosen
 from .provision import mix_keys, start_targets
 
 SINGLE_CALLER = 1     # the cell whose every latency is kept (wrk -c1 -t1): a single caller's pooled p99
@@ -19,18 +19,20 @@ def run(block, args, work_dir, cleanup, meta, save_meta):
     created: dict = {}
     server = system.redact(args.database_url)
     for mix in mixes:
-        count = keys_for(mix, args)
         for target in live:
             path = work_dir / target.name / f'keys-{mix.name}.txt'
+            count = keys_for(mix, args, target.name)
             created[f'{target.name} {mix.name}'] = round(mix_keys(target, mix, count, path, server,
                                                                   args.keep_stores), 1)
             keys_files[mix.name][target.name] = path
     for target in live:
-        target.info.update(mixes={m.name: m.describe(keys_for(m, args)) for m in mixes},
-                           key_limits={m.name: m.key_limits('qag' if target.name.endswith('qag') else 'gateway')
+        target.info.update(mixes={m.name: m.describe(keys_for(m, args, target.name), m.hot(keys_for(m, args)))
+                                  for m in mixes},
+                           key_limits={m.name: m.key_limits('qag' if target.name == QAG else 'gateway')
                                        for m in mixes})
     meta['settings'].update(
         mixes=[m.name for m in mixes], keys={m.name: keys_for(m, args) for m in mixes},
+        keys_by_target={m.name: {t.name: keys_for(m, args, t.name) for t in live} for m in mixes},
         mix_text={m.name: m.describe(keys_for(m, args)) for m in mixes}, key_rate=KEY_RATE, ip_rate=IP_RATE,
         keys_created_s=created, single_caller=SINGLE_CALLER, accuracy_multiples=args.accuracy_multiples,
         accuracy_keys=args.accuracy_keys, accuracy_duration_s=args.accuracy_duration,
@@ -40,8 +42,9 @@ def run(block, args, work_dir, cleanup, meta, save_meta):
     save_meta()
 
     for mix in mixes:
-        for target in live:
-            target.wrk_env = mix.wrk_env(str(keys_files[mix.name][target.name]), keys_for(mix, args))
+        for target in live:   # the hot set is the mix's own on every target, also one with fewer keys
+            target.wrk_env = mix.wrk_env(str(keys_files[mix.name][target.name]), keys_for(mix, args, target.name),
+                                         hot=mix.hot(keys_for(mix, args)))
         log(f'mix {mix.name}: {mix.describe(keys_for(mix, args))}')
         # The skewed mix's hot keys may be asked above their limit at the top of a target's throughput: its 429s
         # are answers (counted and shown per round), not errors.
@@ -50,9 +53,13 @@ def run(block, args, work_dir, cleanup, meta, save_meta):
     accuracy.run_phase(block, live, last, keys_files[last.name], args, work_dir)
 
 
-def keys_for(mix, args) -> int:
-    """The mix's keys, or fewer with --keys (a smoke run); the hot set keeps its share."""
-    return min(mix.keys, args.keys) if args.keys else mix.keys
+def keys_for(mix: Mix, args, target: str | None = None) -> int:
+    """The mix's keys, or fewer with --keys (a smoke run: the hot set keeps its share), and for limits-qag at most
+    --qag-keys (its keys cost a time in n squared to create; the hot set stays the mix's)."""
+    count = min(mix.keys, args.keys) if args.keys else mix.keys
+    if target == QAG and args.qag_keys:
+        count = min(count, args.qag_keys)
+    return count
 
 
 def _cell_env(connections: int) -> dict:
