@@ -81,7 +81,7 @@ def parse_args(argv=None):
     parser.add_argument('--target-cpu', default='1', help='taskset CPU list of the targets (default 1)')
     parser.add_argument('--load-cpu', default='0', help='taskset CPU list of wrk (default 0)')
     parser.add_argument('--pg-cpu', default='0', help="CPU list to pin PostgreSQL (and Redis) to; 'off' leaves it")
-    parser.add_argument('--peer-port', type=int, default=18001)
+    parser.add_argument('--peer-port', type=int, default=18001, help='the peer (and the limits block\'s limits-qag)')
     parser.add_argument('--gateway-port', type=int, default=18002)
     parser.add_argument('--peer-cache-ttl', default=peer.METADATA_CACHE_TTL,
                         help='QUERYAPIGATE_METADATA_CACHE_TTL for the peer (default 5; 0 turns its cache off)')
@@ -101,9 +101,25 @@ def parse_args(argv=None):
     parser.add_argument('--sync-workers', type=int, default=4, help='sync block: GATEWAY_WORKERS (default 4)')
     parser.add_argument('--sync-pause-ms', type=float, default=10,
                         help='sync block: pause between two changes (default 10 ms)')
-    parser.add_argument('--keys', type=int, default=1000, help='limits block: keys (default 1,000)')
-    parser.add_argument('--hot-keys', type=int, default=10,
-                        help='limits block: keys the runs at the limit spread their calls over (default 10)')
+    parser.add_argument('--mix', choices=('uniform', 'skewed', 'both'), default='uniform',
+                        help='limits block: the load (loadtests/blocks/limits/mixes.py): uniform (1,000 keys, '
+                             '1,000 addresses, the default), skewed (10,000 keys, the hottest 1%% making half the '
+                             'calls, 10,000 addresses), or both in one run')
+    parser.add_argument('--keys', type=int, default=None,
+                        help='limits block: at most this many keys per mix (default: the mix\'s own, 1,000 or '
+                             '10,000; fewer for a smoke run, the hot set keeping its share)')
+    parser.add_argument('--qag-keys', type=int, default=None,
+                        help='limits block: at most this many keys per mix on limits-qag (QueryAPIGate 0.43.0 '
+                             'creates n keys in a time in n squared: 10,000 take over an hour here); its hot set '
+                             'stays the mix\'s (default: the mix\'s keys)')
+    parser.add_argument('--limits-targets', default='on,off,envoy,qag',
+                        help='limits block: comma list of on, off, envoy, qag (default all four)')
+    parser.add_argument('--accuracy-multiples', default='1,2,10',
+                        help='limits block: offered rate per key over its limit in the accuracy phase (empty: none)')
+    parser.add_argument('--accuracy-keys', type=int, default=4,
+                        help='limits block: hot keys the accuracy phase drives (default 4)')
+    parser.add_argument('--accuracy-duration', type=float, default=5,
+                        help='limits block: seconds per accuracy run (default 5)')
     parser.add_argument('--allow-dirty', action='store_true',
                         help='run from a tree with uncommitted changes (a smoke run; such numbers are not a result)')
     parser.add_argument('--out', type=Path, default=rundir.RESULTS,
@@ -122,7 +138,7 @@ def parse_args(argv=None):
     if unknown or not args.targets or len(set(args.targets)) != len(args.targets):
         parser.error(f'--targets: a comma list of {", ".join(KNOWN_TARGETS)}')
     if args.connections is None:
-        args.connections = {'oltp': '32,1', 'admission': '32', 'sync': '8', 'logging': '32', 'limits': '32'}[args.block]
+        args.connections = {'oltp': '32,1', 'admission': '32', 'sync': '8', 'logging': '32', 'limits': '32,1'}[args.block]
     args.connections = [int(c) for c in args.connections.split(',')]
     if args.block == 'sync':
         args.targets = ['gateway']

@@ -133,12 +133,16 @@ def rotated(items: list, round_index: int) -> list:
 # The rounds of a closed-loop block
 # --------------------------------------------------------------------------------------
 
-def run_rounds(block: Block, live: list[Target], args, probes: dict | None = None, extra=lambda record: ''):
+def run_rounds(block: Block, live: list[Target], args, probes: dict | None = None, extra=lambda record: '',
+               tags: dict | None = None, cell_env=None, limited_ok: bool = False):
     """The method every closed-loop block shares: a warm-up per target, a /health floor,
     rounds in which every cell (connections x target) runs once in an order rotated each
     round, and the floor again. ``probes``: per target name, extra meters for each run;
-    ``extra``: more text for the progress line."""
+    ``extra``: more text for the progress line; ``tags``: more fields of every record (the limits block's mix);
+    ``cell_env``: connections -> more settings of the Lua script for that cell's runs (None: none);
+    ``limited_ok``: 429s are answers the load expects (the limits block's hot keys), not errors."""
     probes = probes or {}
+    tags = tags or {}
     conns = args.connections
     frozen = {t.name: [Frozen([o for o in live if o is not t])] for t in live}
     runs_total = args.rounds * len(conns) * len(live)
@@ -146,9 +150,9 @@ def run_rounds(block: Block, live: list[Target], args, probes: dict | None = Non
     for target in live:
         if args.warmup > 0:
             record = block.measure(target, kind='warmup', connections=WARMUP_CONNECTIONS, duration_s=args.warmup,
-                                   **_probes(probes, target))
+                                   limited_ok=limited_ok, **_probes(probes, target), **tags)
             log(progress_line(record, 'warm-up') + extra(record))
-    floor(block, live, 'before', args)
+    floor(block, live, 'before', args, tags)
     done = 0
     for r in range(args.rounds):
         order = rotated(live, r)
@@ -157,28 +161,29 @@ def run_rounds(block: Block, live: list[Target], args, probes: dict | None = Non
             for target in order:
                 record = block.measure(target, kind='run', round=r + 1, position=position, connections=c,
                                        duration_s=args.duration, order=[t.name for t in order],
-                                       probes=list(probes.get(target.name, ())) + frozen[target.name])
+                                       probes=list(probes.get(target.name, ())) + frozen[target.name],
+                                       wrk_env=cell_env(c) if cell_env else None, limited_ok=limited_ok, **tags)
                 position += 1
                 done += 1
                 left = (runs_total - done) * per_run + (len(live) * (args.floor_duration + 1) if args.floor_duration
                                                         else 0)
                 log(progress_line(record, f'round {r + 1}/{args.rounds}') + extra(record) +
                     f'  [{done}/{runs_total}, ~{_duration(left)} left]')
-    floor(block, live, 'after', args)
+    floor(block, live, 'after', args, tags)
 
 
 def _probes(probes: dict, target: Target) -> dict:
     return {'probes': probes[target.name]} if target.name in probes else {}
 
 
-def floor(block: Block, live: list[Target], phase: str, args):
+def floor(block: Block, live: list[Target], phase: str, args, tags: dict | None = None):
     """The /health floor on every target of `live` (none when --floor-duration is 0)."""
     if args.floor_duration <= 0:
         return
     for target in live:
         record = block.measure(target, kind='floor', phase=phase, connections=args.floor_connections,
                                duration_s=args.floor_duration, health=True,
-                               probes=[Frozen([o for o in live if o is not target])])
+                               probes=[Frozen([o for o in live if o is not target])], **(tags or {}))
         log(progress_line(record, f'/health floor {phase}:'))
 
 
@@ -400,9 +405,10 @@ def collect_versions(data: dict) -> dict:
 
 
 def start_variant(args, work_dir, cleanup: list, index: int, name: str, extra: dict, store_db: str,
-                  key_extra: dict | None = None):
+                  key_extra: dict | None = None, wsgi: str | None = None):
     """One gateway of a block that compares settings: its own store database and its own Redis
-    (ports offset by `index`), one worker on the target core, provisioned; returns (target, redis_url)."""
+    (ports offset by `index`), one worker on the target core, provisioned; returns (target, redis_url).
+    `wsgi`: another WSGI entry point than the checkout's (the limits block's reference designs)."""
     from . import system, targets
     store_url = system.dsn_with_db(args.database_url, store_db)
     system.recreate_database(args.database_url, store_db, drop=not args.keep_stores)
@@ -410,7 +416,7 @@ def start_variant(args, work_dir, cleanup: list, index: int, name: str, extra: d
     cleanup.append(process)
     target = targets.start_gateway(port=args.gateway_port + index, cpu=args.target_cpu, store_url=store_url,
                                    redis_url=redis_url, run_dir=work_dir / name, extra_env=extra,
-                                   root=args.gateway_root, name=name)
+                                   root=args.gateway_root, name=name, wsgi=wsgi)
     cleanup.append(target.process)
     target.description = f'gateway-fleet, 1 worker, {", ".join(f"{k}={v}" for k, v in extra.items())}'
     targets.wait_healthy(target)

@@ -72,6 +72,27 @@ def percentile(samples, q: float):
     return ordered[max(0, math.ceil(q / 100 * len(ordered)) - 1)]
 
 
+def pooled_percentile(histograms: list[list], q: float) -> float | None:
+    """Percentile (q in 0..100) of several runs' latencies pooled into one distribution, each run given as wrk's
+    histogram [[value, count], ...] (wrk.histogram): the p99 of every call of every round, not a median of the
+    rounds' p99s. wrk's own rank (stats_percentile: round(q/100 x n + 0.5)), so one run's pooled p99 is the p99
+    wrk printed for it. None when there are none."""
+    counts: dict[float, int] = {}
+    for hist in histograms:
+        for value, count in hist:
+            counts[value] = counts.get(value, 0) + int(count)
+    total = sum(counts.values())
+    if not total:
+        return None
+    rank = math.floor(q / 100 * total) + 1     # C's round(x + 0.5), x >= 0
+    seen = 0
+    for value in sorted(counts):
+        seen += counts[value]
+        if seen >= rank:
+            return value
+    return max(counts)   # q = 100
+
+
 def rounded_rank_percentile(sorted_values: list[float], p: float) -> float | None:
     """The open-loop generator's percentile of a sorted list (rank round(p/100 x n + 0.5), half
     to even), not the nearest rank of `percentile`: kept as it was so new open-loop runs compare

@@ -224,12 +224,13 @@ def wsgi_entry(root: Path) -> str:
 
 def start_gateway(*, port: int, cpu: str, store_url: str, redis_url: str, run_dir: Path,
                   admin_key: str | None = None, extra_env: dict | None = None, root: Path = REPO,
-                  name: str = 'gateway') -> Target:
+                  name: str = 'gateway', wsgi: str | None = None) -> Target:
     """Our gateway, one worker pinned to `cpu`, as the lead specified:
     GATEWAY_DATABASE_URL=... GATEWAY_REDIS_URL=... GATEWAY_ADMIN_KEY=... GATEWAY_SECRET_KEY=... GATEWAY_WORKERS=1
     GATEWAY_CPUS=<cpu> .venv/bin/gunicorn -c fleet/gunicorn_conf.py --bind 127.0.0.1:<port> 'fleet.app:create_app()'
     (also under taskset, so the master sits on the same core as its worker). `root`: the checkout to run (another
-    one than this, e.g. an older commit, to compare two builds); the interpreter is always this repo's .venv."""
+    one than this, e.g. an older commit, to compare two builds); the interpreter is always this repo's .venv.
+    `wsgi`: the WSGI entry point instead of the checkout's (a factory of loadtests/, run from `root`)."""
     problem = gateway_available(root)
     if problem:
         raise TargetError(f'gateway target not available yet: {problem}')
@@ -242,7 +243,7 @@ def start_gateway(*, port: int, cpu: str, store_url: str, redis_url: str, run_di
                 'GATEWAY_WORKERS': '1', 'GATEWAY_CPUS': cpu, 'GATEWAY_HOME': str(home), **(extra_env or {})}
     env.update(settings)
     cmd = [str(GATEWAY_VENV / 'bin' / 'gunicorn'), '-c', 'fleet/gunicorn_conf.py', '--bind', f'127.0.0.1:{port}',
-           wsgi_entry(root)]
+           wsgi or wsgi_entry(root)]
     log_path = run_dir / f'{name}.log'
     process = start_process(cmd, env=env, cwd=root, log_path=log_path, cpu=cpu)
     shown = {k: ('***' if k in ('GATEWAY_ADMIN_KEY', 'GATEWAY_SECRET_KEY') else system.redact(v))

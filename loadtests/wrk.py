@@ -40,6 +40,7 @@ class WrkResult:
     command: list = field(default_factory=list)
     bodies: dict = field(default_factory=dict)  # checked, bad_body, unasked, check (random_aid.lua)
     statuses: dict = field(default_factory=dict)  # "200", "429", "other" (random_aid.lua)
+    latency_hist: list = field(default_factory=list)  # [[us, count], ...] with LATENCY_HISTOGRAM=1 (random_aid.lua)
     text: str = ''
 
     @property
@@ -49,6 +50,8 @@ class WrkResult:
     def to_dict(self) -> dict:
         out = asdict(self)
         out.pop('text')
+        if not out['latency_hist']:
+            out.pop('latency_hist')   # only the runs that asked for it carry it
         return out
 
 
@@ -79,7 +82,8 @@ def run(url: str, *, connections: int, duration_s: float, script: Path = RANDOM_
     return WrkResult(requests=data['requests'], duration_s=round(duration, 3),
                      rps=data['requests'] / duration if duration else 0.0, latency_us=data['latency_us'],
                      errors=data['errors'], bytes=data['bytes'], wrk_cpu_s=round(wrk_cpu, 3),
-                     command=cmd, text=done.stdout, bodies=data.get('bodies', {}), statuses=data.get('statuses', {}))
+                     command=cmd, text=done.stdout, bodies=data.get('bodies', {}), statuses=data.get('statuses', {}),
+                     latency_hist=histogram(done.stdout))
 
 
 def parse(stdout: str) -> dict:
@@ -89,6 +93,14 @@ def parse(stdout: str) -> dict:
         if line.startswith('WRKJSON '):
             return json.loads(line[len('WRKJSON '):])
     raise WrkError('no WRKJSON line in wrk output - run it with one of loadtests/wrk/*.lua:\n' + stdout[-500:])
+
+
+def histogram(stdout: str) -> list:
+    """The WRKHIST line's [[latency us, count], ...] (random_aid.lua with LATENCY_HISTOGRAM=1), or []."""
+    for line in stdout.splitlines():
+        if line.startswith('WRKHIST '):
+            return json.loads(line[len('WRKHIST '):])['us']
+    return []
 
 
 def parse_text(stdout: str) -> dict:

@@ -12,6 +12,12 @@
 --               "off": bodies are not read (another query, or a pure throughput floor)
 --   KEYS_FILE   a file of API key secrets, one a line: each call takes one of the first KEYS_USED (default all)
 --               at random instead of API_KEY (many keys, each with its own limits: the limits block)
+--   HOT_KEYS    N > 0 (with KEYS_FILE): the first N keys are the hot set, drawn with probability HOT_SHARE
+--   HOT_SHARE   (default 0.5); the other keys share the rest evenly (the limits block's skewed mix: the
+--               hottest 1% of 10,000 keys make half the calls). Unset: every key is equally likely.
+--   LATENCY_HISTOGRAM  "1": also one line WRKHIST {"us": [[value, count], ...]}, every latency wrk recorded
+--               (its histogram has 1 us buckets), so runs can be pooled into one distribution; keep it to
+--               low connection counts (wrk walks its histogram once per distinct value)
 --   CLIENT_IPS  N > 0: each call comes "from" one of N addresses at random (X-Forwarded-For 10.x.y.z; the
 --               gateway must trust one proxy hop)
 -- Statuses are counted as "200", "429" and "other" (the limits block judges refusals by them).
@@ -24,6 +30,9 @@ local max_id = tonumber(os.getenv("MAX_ID") or "1000000")
 local check_body = (os.getenv("CHECK_BODY") or "account") ~= "off"
 local accounts_per_branch = 100000
 local client_ips = tonumber(os.getenv("CLIENT_IPS") or "0")
+local hot_keys = tonumber(os.getenv("HOT_KEYS") or "0")
+local hot_share = tonumber(os.getenv("HOT_SHARE") or "0.5")
+local latency_histogram = os.getenv("LATENCY_HISTOGRAM") == "1"
 local keys = {}
 local keys_file = os.getenv("KEYS_FILE") or ""
 if keys_file ~= "" then
@@ -56,6 +65,18 @@ other = 0
 
 local headers = {}
 
+-- Which key a call takes: evenly over all of them, or with HOT_KEYS, the hot set with probability HOT_SHARE
+-- (evenly within it) and else one of the others (evenly).
+local function draw_key()
+  if hot_keys > 0 and hot_keys < #keys then
+    if math.random() < hot_share then
+      return math.random(1, hot_keys)
+    end
+    return math.random(hot_keys + 1, #keys)
+  end
+  return math.random(1, #keys)
+end
+
 function request()
   local aid = math.random(1, max_id)
   if check_body then
@@ -65,7 +86,7 @@ function request()
     return wrk.format("GET", query_path .. sep .. param .. "=" .. aid)
   end
   if #keys > 0 then
-    headers["X-API-Key"] = keys[math.random(1, #keys)]
+    headers["X-API-Key"] = keys[draw_key()]
   end
   if client_ips > 0 then
     local n = math.random(0, client_ips - 1)
@@ -139,4 +160,12 @@ function done(summary, latency, requests)
     summary.errors.connect, summary.errors.read, summary.errors.write, summary.errors.status,
     summary.errors.timeout, seen, bad, stray, check_body and "account" or "off", n200, n429, nother,
     latency.min, latency.max, latency.mean, latency.stdev, table.concat(p, ", ")))
+  if latency_histogram then
+    local pairs_out = {}
+    for i = 1, #latency do
+      local value, count = latency(i)
+      pairs_out[#pairs_out + 1] = string.format("[%d, %d]", value, count)
+    end
+    io.write('WRKHIST {"us": [' .. table.concat(pairs_out, ", ") .. ']}\n')
+  end
 end

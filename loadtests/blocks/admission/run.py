@@ -18,12 +18,15 @@ class RedisCommands:
     five commands inside it), so three numbers per call are kept: every command (`redis_per_call`), every
     command but the event stream's XADDs (`redis_per_call_no_events`: fleet.events appends each run to a
     stream, pipelined per history batch), and the scripts alone (`redis_scripts_per_call`: EVALSHA/EVAL, the
-    admission's and the bus' round trips)."""
+    admission's and the bus' round trips). Round trips of any kind (a script, a pipeline, a plain command) are
+    counted as Redis counts its clients' reads (`total_reads_processed`, INFO stats: one read event per request
+    or pipeline that arrives at once; a pipeline split over several reads counts more): `redis_reads_per_call`."""
 
     def __init__(self, url: str):
         self.client = redis.Redis.from_url(url, socket_timeout=5)
         self.before: dict = {}
         self.cpu_before = 0.0
+        self.reads_before = 0
 
     def _snapshot(self) -> dict:
         stats = self.client.info('commandstats')
@@ -33,12 +36,17 @@ class RedisCommands:
         cpu = self.client.info('cpu')
         return float(cpu['used_cpu_user']) + float(cpu['used_cpu_sys'])
 
+    def _reads(self) -> int:
+        return int(self.client.info('stats').get('total_reads_processed', 0))
+
     def start(self):
         self.before = self._snapshot()
         self.cpu_before = self._cpu()
+        self.reads_before = self._reads()
 
     def finish(self, record: dict) -> dict:
         redis_cpu = self._cpu() - self.cpu_before
+        reads = self._reads() - self.reads_before - 2   # less this probe's own two INFO calls since start()
         after = self._snapshot()
         delta = {name: n - self.before.get(name, 0) for name, n in after.items()
                  if name != 'info' and n - self.before.get(name, 0) > 0}
@@ -52,6 +60,7 @@ class RedisCommands:
         return {'redis_commands': total, 'redis_by_command': dict(sorted(delta.items())),
                 'redis_per_call': per_call(total), 'redis_per_call_no_events': per_call(total - events),
                 'redis_scripts_per_call': per_call(scripts),
+                'redis_reads': reads, 'redis_reads_per_call': per_call(max(reads, 0)),
                 # Redis' own CPU (main thread and the rest, INFO cpu): what one call costs the shared Redis
                 'redis_cpu_us_per_call': round(redis_cpu / calls * 1e6, 2) if calls else None}
 

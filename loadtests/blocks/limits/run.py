@@ -1,67 +1,73 @@
-"""The limits block's run: two targets with the same many keys, the cost rounds, then the runs at the limit."""
+"""The limits block's run: the targets (provision.py), each mix's keys on each, the cost rounds of every mix, then
+the accuracy phase (accuracy.py)."""
 from __future__ import annotations
 
-import secrets
-import time
-from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
+from ... import system
+from ...harness import log, record_variants, run_rounds
+from . import OFF, QAG, TARGETS, accuracy
+from .mixes import IP_RATE, KEY_RATE, Mix, chosen
+from .provision import mix_keys, start_targets
 
-from ... import targets
-from ...harness import WorkerCpu, log, progress_line, record_variants, run_rounds, start_variant
-from ..admission.run import RedisCommands
-from . import CLIENT_IPS, IP_RATE, KEY_RATE, OFF, ON
-
-KEY_LIMITS = {'rate_limit': f'{KEY_RATE}/second'}
-FILL_S = 2.0                   # a bucket of burst 20 at 20/s is full again after 1 s
+SINGLE_CALLER = 1     # the cell whose every latency is kept (wrk -c1 -t1): a single caller's pooled p99
 
 
 def run(block, args, work_dir, cleanup, meta, save_meta):
-    live, probes = [], {}
-    variants = ((ON, {'GATEWAY_ADMISSION': 'on', 'GATEWAY_RATE_LIMIT': IP_RATE, 'GATEWAY_TRUST_PROXY': '1'}),
-                (OFF, {'GATEWAY_ADMISSION': 'off', 'GATEWAY_TRUST_PROXY': '1'}))
-    for index, (name, extra) in enumerate(variants):
-        target, redis_url = start_variant(args, work_dir, cleanup, index, name, extra,
-                                          f'gwstore_lim_{"on" if name == ON else "off"}', key_extra=KEY_LIMITS)
-        keys_file = work_dir / name / 'keys.txt'
-        many_keys(target, args.keys, keys_file)
-        target.wrk_env = {'KEYS_FILE': str(keys_file), 'CLIENT_IPS': str(CLIENT_IPS)}
-        target.info.update(key_limits=KEY_LIMITS, keys=args.keys, client_ips=CLIENT_IPS, ip_rate_limit=IP_RATE)
-        live.append(target)
-        probes[name] = (WorkerCpu(target.pids[0]), RedisCommands(redis_url))
-    meta['settings'].update(keys=args.keys, hot_keys=args.hot_keys, key_rate=KEY_RATE, ip_rate=IP_RATE,
-                            client_ips=CLIENT_IPS)
+    mixes = chosen(args.mix)
+    names = [TARGETS[n.strip()] for n in args.limits_targets.split(',') if n.strip()]
+    live, probes = start_targets(args, work_dir, cleanup, names)
+    keys_files: dict = {m.name: {} for m in mixes}
+    created: dict = {}
+    server = system.redact(args.database_url)
+    for mix in mixes:
+        for target in live:
+            path = work_dir / target.name / f'keys-{mix.name}.txt'
+            count = keys_for(mix, args, target.name)
+            created[f'{target.name} {mix.name}'] = round(mix_keys(target, mix, count, path, server,
+                                                                  args.keep_stores), 1)
+            keys_files[mix.name][target.name] = path
+    for target in live:
+        target.info.update(mixes={m.name: m.describe(keys_for(m, args, target.name), m.hot(keys_for(m, args)))
+                                  for m in mixes},
+                           key_limits={m.name: m.key_limits('qag' if target.name == QAG else 'gateway')
+                                       for m in mixes})
+    meta['settings'].update(
+        mixes=[m.name for m in mixes], keys={m.name: keys_for(m, args) for m in mixes},
+        keys_by_target={m.name: {t.name: keys_for(m, args, t.name) for t in live} for m in mixes},
+        mix_text={m.name: m.describe(keys_for(m, args)) for m in mixes}, key_rate=KEY_RATE, ip_rate=IP_RATE,
+        keys_created_s=created, single_caller=SINGLE_CALLER, accuracy_multiples=args.accuracy_multiples,
+        accuracy_keys=args.accuracy_keys, accuracy_duration_s=args.accuracy_duration,
+        baseline_note=f'- Ratios: against `{OFF}`, paired per round, in the sections on admission above.')
     record_variants(meta, live, OFF, save_meta)
+    meta['settings']['baseline'] = None     # the generic tables below mix the mixes' cells: no ratios there
+    save_meta()
 
-    run_rounds(block, live, args, probes, _extra)
-    at_the_limit(block, live[0], args, probes[ON])
-
-
-def many_keys(target: targets.Target, count: int, path: Path) -> None:
-    """The target's key (provisioned already) and count - 1 more with the same limits, their secrets in `path`."""
-    def create(i: int) -> str:
-        body = {**targets.key_body(), **KEY_LIMITS, 'name': f'limits-{i}-{secrets.token_hex(3)}'}
-        status, answer = targets.management(target, 'POST', '/api-keys', body)
-        if status != 201 or not isinstance(answer, dict) or not answer.get('secret'):
-            raise targets.TargetError(f'{target.name}: create key answered {status}: {str(answer)[:300]}')
-        return answer['secret']
-    with ThreadPoolExecutor(8) as pool:
-        found = [target.api_key, *pool.map(create, range(1, count))]
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text('\n'.join(found) + '\n')
-    log(f'{target.name}: {len(found)} keys with {KEY_LIMITS}')
+    for mix in mixes:
+        for target in live:   # the hot set is the mix's own on every target, also one with fewer keys
+            target.wrk_env = mix.wrk_env(str(keys_files[mix.name][target.name]), keys_for(mix, args, target.name),
+                                         hot=mix.hot(keys_for(mix, args)))
+        log(f'mix {mix.name}: {mix.describe(keys_for(mix, args))}')
+        # The skewed mix's hot keys may be asked above their limit at the top of a target's throughput: its 429s
+        # are answers (counted and shown per round), not errors.
+        run_rounds(block, live, args, probes, _extra, tags={'mix': mix.name}, cell_env=_cell_env, limited_ok=True)
+    last = mixes[-1]
+    accuracy.run_phase(block, live, last, keys_files[last.name], args, work_dir)
 
 
-def at_the_limit(block, target, args, probes):
-    """Every call on the first --hot-keys keys, far above their limit: admitted against an exact bucket's count."""
-    for r in range(args.rounds):
-        time.sleep(FILL_S)    # the buckets full again, as the exact count assumes (the last run drained them)
-        record = block.measure(target, kind='hot', round=r + 1, connections=args.connections[0],
-                               duration_s=args.duration, probes=probes, limited_ok=True,
-                               wrk_env={'KEYS_USED': str(args.hot_keys)}, hot_keys=args.hot_keys)
-        log(progress_line(record, f'at the limit {r + 1}/{args.rounds}') + _extra(record))
+def keys_for(mix: Mix, args, target: str | None = None) -> int:
+    """The mix's keys, or fewer with --keys (a smoke run: the hot set keeps its share), and for limits-qag at most
+    --qag-keys (its keys cost a time in n squared to create; the hot set stays the mix's)."""
+    count = min(mix.keys, args.keys) if args.keys else mix.keys
+    if target == QAG and args.qag_keys:
+        count = min(count, args.qag_keys)
+    return count
+
+
+def _cell_env(connections: int) -> dict:
+    return {'LATENCY_HISTOGRAM': '1'} if connections == SINGLE_CALLER else {}
 
 
 def _extra(record: dict) -> str:
     statuses = record.get('statuses') or {}
     return (f'; {statuses.get("429", 0):,} x 429; workers {record.get("worker_cpu_us_per_call") or 0:,.0f} µs '
-            f'CPU/call; Redis {record.get("redis_per_call")} commands/call')
+            f'CPU/call; Redis {record.get("redis_per_call")} commands, {record.get("redis_reads_per_call")} '
+            f'reads, {record.get("redis_cpu_us_per_call")} µs/call')

@@ -171,7 +171,8 @@ def _intro(meta, settings, rounds_done, baseline) -> list[str]:
             f'- Rule: a difference counts only when the two ranges do not overlap. With {rounds_done} round(s), two '
             f'equal targets get clear ranges by chance {false_clear_chance(rounds_done) * 100:.1f}% of the time'
             + (' - too often to call anything real; use 5 rounds.' if rounds_done < 5 else '.'),
-            f'- Baseline for the ratios: `{baseline}`.' if baseline else '- One target: no comparison.',
+            f'- Baseline for the ratios: `{baseline}`.' if baseline else
+            settings.get('baseline_note', '- One target: no comparison.'),
             f'- Pinning: {settings.get("pinning_note", "?")}', '']
     if meta.get('notes'):
         out += ['Notes:', ''] + [f'- {n}' for n in meta['notes']] + ['']
