@@ -18,9 +18,9 @@ Quotas, L = ``GATEWAY_LEASE_MS``, H = ``GATEWAY_QUOTA_HOLD_S``, W = live workers
   were never reconciled with the counter. Before that, the hand-back above was the cause of a
   51-of-50.)
 * A lease is held up to H (not L): a key far below its quota costs one script per K calls per
-  worker, cold keys included. K doubles each time a lease is spent (up to
-  ``GATEWAY_LEASE_MAX``) and halves when one is handed back unspent, and it is at most a
-  quarter of what is left over W (at least 1), so the last calls spread over the workers.
+  worker, cold keys included. K starts at ``GATEWAY_LEASE_MAX``, halves each time a lease is
+  handed back unspent and doubles again when one is spent, and it is at most a quarter of what
+  is left over W (at least 1), so the last calls spread over the workers.
   Calls leased by a worker that gets no more calls of the key are refused to the others until
   they come back: at most one lease per worker, for at most H (what an exact counter admits
   and this one refuses); all of them come back when the worker stops.
@@ -78,8 +78,6 @@ burst more.
 """
 from __future__ import annotations
 
-import heapq
-import itertools
 import logging
 import math
 import os
@@ -98,6 +96,7 @@ from .concurrency import Place, RunningCalls
 from .rates import RateBucket, RateLimits
 from .reach import Reach
 from .redis_client import RedisLink
+from .wheel import Wheel
 
 if TYPE_CHECKING:
     from gateway.model.catalog import ApiKey
@@ -109,7 +108,6 @@ log = logging.getLogger("fleet.leases")
 # the run history holds them (``gateway.store.history.AdmittedUsage``).
 UsageReader = Callable[[int, float], tuple[int, int]]
 SEED_RETRY_S = 1.0     # a bucket that could not be rebuilt (store unreachable) is retried after this
-FIRST_LEASE = 4        # calls of a key's first quota lease on a worker
 SWEEP_S = 10.0         # how often idle buckets are looked for (and forgotten after IDLE_S)
 IDLE_S = 60.0
 
@@ -159,12 +157,12 @@ class _Lease:
     __slots__ = ("bucket", "lock", "tokens", "expires", "want", "empty_until", "shared", "rows_pending",
                  "rows_used", "period_end", "key_id", "period_start", "gen", "seed_after", "queued")
 
-    def __init__(self, bucket: str) -> None:
+    def __init__(self, bucket: str, want: int) -> None:
         self.bucket = bucket       # the Redis key of the shared bucket
         self.lock = threading.Lock()
         self.tokens = 0            # leased, not yet spent
         self.expires = 0.0         # the lease is spent only before this (monotonic)
-        self.want = FIRST_LEASE    # next lease size (adaptive)
+        self.want = want           # next lease size (adaptive)
         self.empty_until = 0.0     # shared bucket known empty until (monotonic)
         self.shared = 0            # calls used in Redis at the last lease
         self.rows_pending = 0      # rows returned, not yet added in Redis
@@ -202,9 +200,8 @@ class LeasedAdmission:
         self._windows: dict[str, tuple[str, int, int]] = {}
         self._leases_lock = threading.Lock()
         self._queue_lock = threading.Lock()
-        self._rows_due: list[_Lease] = []                        # rows to settle
-        self._expiring: list[tuple[float, int, _Lease]] = []     # (lease expires, tie, lease)
-        self._ties = itertools.count()
+        self._rows_due: list[_Lease] = []                  # rows to settle
+        self._expiring: Wheel[_Lease] = Wheel(self._lease_s)  # leases to hand back when they expire
         self.fallbacks = 0          # calls admitted or refused by the local fallback
         self._quota_calls = 0       # quota scripts sent (round trips)
         self.rebuilt = 0            # quota buckets created from the run history (new period or lost)
@@ -292,7 +289,9 @@ class LeasedAdmission:
         lease = self._leases.get(bucket)
         if lease is None:
             with self._leases_lock:
-                lease = self._leases.setdefault(bucket, _Lease(bucket))
+                # The first lease as large as the rest: the script caps it at a quarter of what is
+                # left over W, which is what keeps a small quota's last calls spread.
+                lease = self._leases.setdefault(bucket, _Lease(bucket, self._lease_max))
             lease.key_id, lease.period_start, lease.period_end = key.id, start, end
         return lease
 
@@ -387,8 +386,7 @@ class LeasedAdmission:
             raise quota_exceeded("calls", reset_s, rate_headers + self._quota_headers(lease, quota, reset_s))
         lease.tokens = grant - 1
         lease.expires = now + self._hold_s
-        with self._queue_lock:
-            heapq.heappush(self._expiring, (lease.expires, next(self._ties), lease))
+        self._expiring.schedule(lease, lease.expires)
         return self._quota_headers(lease, quota, reset_s)
 
     @staticmethod
@@ -471,9 +469,7 @@ class LeasedAdmission:
         now = self._clock()
         with self._queue_lock:
             due, self._rows_due = self._rows_due, []
-            expiring = self._expiring
-            while expiring and expiring[0][0] <= now:
-                due.append(heapq.heappop(expiring)[2])
+        due += self._expiring.due(now)
         for lease in {id(lease): lease for lease in due}.values():
             if self.reach.is_down(lease.bucket, now):
                 with lease.lock:
@@ -518,7 +514,9 @@ class LeasedAdmission:
         """Forget what is idle: rate buckets (``fleet.rates``) and leases of ended periods."""
         self.rates.forget_idle(IDLE_S)
         wall = self._wall()
-        for name, lease in list(self._leases.items()):
+        with self._leases_lock:
+            leases = self._leases.copy()
+        for name, lease in leases.items():
             if lease.period_end and wall > lease.period_end + 60 and not (lease.tokens or lease.rows_pending):
                 self._leases.pop(name, None)
 

@@ -46,8 +46,6 @@ spread over the masters; on one server, one script for all.
 """
 from __future__ import annotations
 
-import heapq
-import itertools
 import math
 import threading
 import zlib
@@ -57,6 +55,8 @@ from typing import TYPE_CHECKING, Any
 import redis
 
 from gateway.ports import Clock, Headers, rate_limited
+
+from .wheel import Wheel
 
 if TYPE_CHECKING:
     from gateway.model.limits import Rate
@@ -175,9 +175,8 @@ class RateLimits:
         self._buckets: dict[int | str, RateBucket] = {}   # by key id (int) or client address (str)
         self._lock = threading.Lock()
         self._queue_lock = threading.Lock()
-        self._due: list[RateBucket] = []                          # half their headroom used
-        self._stale: list[tuple[float, int, RateBucket]] = []     # (report by, tie, bucket)
-        self._ties = itertools.count()
+        self._due: list[RateBucket] = []               # half their headroom used
+        self._stale: Wheel[RateBucket] = Wheel(lease_s)  # to report by a time
         self.redis_calls = 0       # scripts sent (round trips): takes and reports
         self.reported = 0          # bucket entries sent in reports
 
@@ -227,8 +226,7 @@ class RateLimits:
             self._queue(bucket)
 
     def _report_by(self, bucket: RateBucket, when: float) -> None:
-        with self._queue_lock:
-            heapq.heappush(self._stale, (when, next(self._ties), bucket))
+        self._stale.schedule(bucket, when)
 
     def _queue(self, bucket: RateBucket) -> None:
         """In the next report (the caller holds the bucket's lock)."""
@@ -304,9 +302,7 @@ class RateLimits:
     def _take_due(self, now: float) -> list[RateBucket]:
         with self._queue_lock:
             due, self._due = self._due, []
-            stale = self._stale
-            while stale and stale[0][0] <= now:
-                due.append(heapq.heappop(stale)[2])
+        due += self._stale.due(now)
         picked: dict[int, RateBucket] = {}
         for bucket in due:
             bucket.queued = False
@@ -359,7 +355,9 @@ class RateLimits:
         holds nothing of is exactly that. An idle shared one is reported (nothing) instead, to
         learn whether it is local again, and dropped at a later sweep."""
         now = self._clock()
-        for ident, bucket in list(self._buckets.items()):
+        with self._lock:
+            buckets = self._buckets.copy()
+        for ident, bucket in buckets.items():
             if now - bucket.used < idle_s:
                 continue
             with bucket.lock:
@@ -373,7 +371,9 @@ class RateLimits:
 
     def flush_all(self) -> None:
         """At close: report everything unreported."""
-        for bucket in list(self._buckets.values()):
+        with self._lock:
+            buckets = list(self._buckets.values())
+        for bucket in buckets:
             with bucket.lock:
                 if bucket.unreported and not bucket.queued:
                     self._queue(bucket)

@@ -84,9 +84,9 @@ def test_redis_unreachable_quota_admits_only_what_is_leased(redis_url, rdb):
                                 clock=clock)
     key = a_key(quota={"calls": 1000, "per": "day"})
     try:
-        admission.admit_key(key)                  # the first lease: 4 calls, one spent
+        admission.admit_key(key)                  # the first lease: 1000 / 4 calls, one spent
         leased = int(rdb.hget(quota_bucket(key), "calls"))
-        assert leased == 4
+        assert leased == 250
         admission.reach.failed(redis.ConnectionError("simulated"), quota_bucket(key))
         for _ in range(leased - 1):
             admission.admit_key(key)              # what the lease holds

@@ -37,7 +37,7 @@ def test_far_below_the_limit_no_round_trip_per_call_and_one_report_for_many(redi
         assert admission.redis_calls == 0 and level(rdb, keys[0]) is None
         admission.flush()                  # nothing due yet: not half the headroom, not a refill time old
         assert admission.redis_calls == 0
-        clock.now += 1.0                   # b / r = 1 s: the oldest unreported calls are due
+        clock.now += 1.2                   # b / r = 1 s (and a tick): the oldest unreported calls are due
         admission.flush()
         assert admission.redis_calls == 1 and admission.rates.reported == 100
         assert all(level(rdb, key) == pytest.approx(17, abs=0.5) for key in keys)
@@ -107,7 +107,7 @@ def test_a_failed_report_is_sent_again():
     try:
         for _ in range(3):
             admission.admit_key(key)            # local: Redis is not asked
-        clock.now += 1.0
+        clock.now += 1.2
         admission.flush()                       # the report fails
         bucket = admission.rates.bucket(key.id)
         assert bucket.unreported == 3 and bucket.in_flight == 0
