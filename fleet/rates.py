@@ -135,7 +135,7 @@ return out
 class RateBucket:
     """This worker's side of one shared bucket."""
 
-    __slots__ = ("name", "rate", "lock", "local", "unreported", "in_flight", "oldest", "queued", "level",
+    __slots__ = ("name", "rate", "lock", "local", "unreported", "in_flight", "queued", "level",
                  "tokens", "expires", "want", "empty_until", "used", "forgotten", "local_tokens", "local_ts")
 
     def __init__(self, name: str) -> None:
@@ -145,7 +145,6 @@ class RateBucket:
         self.local = True          # a bucket this worker holds nothing of is local, nothing unreported
         self.unreported = 0        # admitted locally, not yet sent
         self.in_flight = 0         # ... sent in a report not yet answered (still counted against h)
-        self.oldest = 0.0          # when the oldest unreported call was admitted (monotonic)
         self.queued = False        # in the next report already
         self.level = -1.0          # tokens in Redis at the last answer (-1: never asked: full)
         self.tokens = 0            # shared: leased, not yet spent
@@ -216,8 +215,7 @@ class RateLimits:
             return self._ask(bucket, rate, h, now, who, fallback)
 
     def _admit_locally(self, bucket: RateBucket, h: int, now: float) -> None:
-        if not bucket.unreported:
-            bucket.oldest = now
+        if not bucket.unreported:   # the oldest unreported call: due within a refill time
             rate = bucket.rate
             assert rate is not None
             self._report_by(bucket, now + max(self._lease_s, rate.burst / rate.per_s))

@@ -9,7 +9,6 @@ import random
 import time
 
 import falcon.testing
-import pytest
 
 from gateway.errors import GatewayError
 from gateway.model.catalog import ApiKey
@@ -36,13 +35,6 @@ class Wall:
         return self.now
 
 
-@pytest.fixture
-def redis_client(services):
-    client = services.redis_client()
-    yield client
-    client.close()
-
-
 def admission(settings, wall, rate_limit="", **kw) -> FixedWindowAdmission:
     return FixedWindowAdmission(settings.redis_url, dataclasses.replace(settings, rate_limit=rate_limit),
                                 wall=wall, **kw)
@@ -66,7 +58,7 @@ def admitted(adm: FixedWindowAdmission, k: ApiKey, calls: int, ip: str | None = 
     return out
 
 
-def test_a_key_gets_its_limit_per_fixed_window_and_no_burst(settings, redis_client):
+def test_a_key_gets_its_limit_per_fixed_window_and_no_burst(settings, rdb):
     wall = Wall()
     adm = admission(settings, wall)
     k = key(rate_limit="5/second", rate_limit_burst=50)      # envoy has no burst: 5 a window
@@ -76,32 +68,32 @@ def test_a_key_gets_its_limit_per_fixed_window_and_no_burst(settings, redis_clie
         assert admitted(adm, k, 6) == ["ok"] * 5 + ["rate_limited"]
         window = cache_key(Descriptor("api_key", str(k.id), 5, 1, "key"), int(wall.now))
         assert window == f"gateway_api_key_{k.id}_{int(wall.now)}"
-        assert int(redis_client.get(window)) == 6             # the refused call was counted too (envoy's rule)
-        assert 0 < redis_client.ttl(window) <= 1              # EXPIRE unit seconds
+        assert int(rdb.get(window)) == 6             # the refused call was counted too (envoy's rule)
+        assert 0 < rdb.ttl(window) <= 1              # EXPIRE unit seconds
     finally:
         adm.close()
 
 
-def test_one_pipeline_per_call_with_an_incrby_and_an_expire_per_descriptor(settings, redis_client):
+def test_one_pipeline_per_call_with_an_incrby_and_an_expire_per_descriptor(settings, rdb):
     wall = Wall()
     adm = admission(settings, wall, rate_limit="1000/minute")
     k = key(rate_limit="100/second", quota={"calls": 1000, "per": "day"})
     try:
-        before = commands(redis_client)
+        before = commands(rdb)
         assert admitted(adm, k, 10, ip="10.9.8.7") == ["ok"] * 10
-        after = commands(redis_client)
+        after = commands(rdb)
         # three descriptors (the address, the key, its quota), each INCRBY + EXPIRE, in 10 round trips
         assert after.get("incrby", 0) - before.get("incrby", 0) == 30
         assert after.get("expire", 0) - before.get("expire", 0) == 30
         assert adm.round_trips == 10
         day = int(wall.now) // 86400 * 86400
-        assert int(redis_client.get(f"gateway_quota_{k.id}_{day}")) == 10
-        assert int(redis_client.get(f"gateway_remote_address_10.9.8.7_{int(wall.now) // 60 * 60}")) == 10
+        assert int(rdb.get(f"gateway_quota_{k.id}_{day}")) == 10
+        assert int(rdb.get(f"gateway_remote_address_10.9.8.7_{int(wall.now) // 60 * 60}")) == 10
     finally:
         adm.close()
 
 
-def test_the_near_cache_answers_a_counter_over_its_limit_without_redis(settings, redis_client):
+def test_the_near_cache_answers_a_counter_over_its_limit_without_redis(settings, rdb):
     wall = Wall()
     adm = admission(settings, wall)
     k = key(rate_limit="3/second")
@@ -122,7 +114,7 @@ def test_the_near_cache_answers_a_counter_over_its_limit_without_redis(settings,
         plain.close()
 
 
-def test_the_client_address_is_counted_with_the_key_and_refused_there(settings, redis_client):
+def test_the_client_address_is_counted_with_the_key_and_refused_there(settings, rdb):
     wall = Wall()
     adm = admission(settings, wall, rate_limit="2/minute")
     k = key(rate_limit="100/second")
@@ -133,7 +125,7 @@ def test_the_client_address_is_counted_with_the_key_and_refused_there(settings, 
         adm.admit_ip("10.4.5.6")
         adm.admit_ip("10.7.8.9")
         minute = int(wall.now) // 60 * 60
-        assert int(redis_client.get(f"gateway_remote_address_10.4.5.6_{minute}")) == 1
+        assert int(rdb.get(f"gateway_remote_address_10.4.5.6_{minute}")) == 1
         assert adm.round_trips == 4
     finally:
         adm.close()
@@ -160,7 +152,7 @@ def test_redis_unreachable_fails_open(settings):
         adm.close()
 
 
-def test_the_gateway_runs_with_it_through_the_harness_factory(settings, services, redis_client):
+def test_the_gateway_runs_with_it_through_the_harness_factory(settings, services, rdb):
     app = envoy_app.create_app(dataclasses.replace(settings, rate_limit="1000/minute", trust_proxy=1))
     try:
         api = Api.in_process(falcon.testing.TestClient(app), services)
@@ -175,6 +167,6 @@ def test_the_gateway_runs_with_it_through_the_harness_factory(settings, services
             if int(time.time()) == second:
                 break
         assert statuses == [200] * 3 + [429] * 3, statuses
-        assert redis_client.get(f"gateway_remote_address_10.3.3.3_{second // 60 * 60}") is not None
+        assert rdb.get(f"gateway_remote_address_10.3.3.3_{second // 60 * 60}") is not None
     finally:
         app.parts.close()
