@@ -2,65 +2,13 @@
 by ``fleet.concurrency``, which this admission holds: a place cannot be leased in advance.)
 
 Rate limits: ``fleet.rates`` (local headroom reported in batches; leases once a bucket runs low),
-with its bounds. Quotas, here: a counter per key and period in Redis, taken from by *leases*:
-a worker takes K calls in one atomic script and spends them locally under a per-bucket lock.
-
-Quotas, L = ``GATEWAY_LEASE_MS``, H = ``GATEWAY_QUOTA_HOLD_S``, W = live workers:
-
-* Calls are debited in Redis before they are admitted, and nothing a worker sends Redis is
-  ever sent twice in the direction that gives calls back: leftovers handed back are dropped
-  from the worker's lease before the script is sent, so a script that ran on Redis after its
-  caller gave up on it (a reply slower than ``GATEWAY_REDIS_TIMEOUT_MS``) loses them instead
-  of returning them twice. With Redis unreachable or slow a worker admits only what its lease
-  already holds, then answers 503 ``admission_unavailable`` (in both failure modes): so the fleet
-  **never admits more than the quota's calls**, partitions and stalls included. (A local share
-  while Redis was silent admitted 139 calls of a 100-call quota across a 5 s stall: the shares
-  were never reconciled with the counter. Before that, the hand-back above was the cause of a
-  51-of-50.)
-* A lease is held up to H (not L): a key far below its quota costs one script per K calls per
-  worker, cold keys included. K starts at ``GATEWAY_LEASE_MAX``, halves each time a lease is
-  handed back unspent and doubles again when one is spent, and it is at most a quarter of what
-  is left over W (at least 1), so the last calls spread over the workers.
-  Calls leased by a worker that gets no more calls of the key are refused to the others until
-  they come back: at most one lease per worker, for at most H (what an exact counter admits
-  and this one refuses); all of them come back when the worker stops.
-* Rows settle after the call: a worker adds its rows to Redis on its next lease or within L
-  (the flusher), and refuses once the rows it knows of reach the quota. So rows can overshoot
-  by at most the rows of calls already admitted and not yet settled: (calls in flight + calls
-  in the last L) x their row counts, fleet-wide.
-
-Redis lost its data (a restart without persistence, a failover to a replica that lagged, an
-eviction): a quota bucket Redis does not hold (at the start of a period too) is created from
-the run history before the key is admitted again: the calls of the key that passed admission
-since the period began, whatever their status, and their rows (``history``: the composition
-root passes ``gateway.store.history.AdmittedUsage``). The script reports a missing bucket
-instead of creating it; the worker reads the store (once per key and period, or after a
-loss: never per call) and asks again with what it found; workers that race create it once
-(the first script to run wins, the others' reads are dropped). Each bucket carries a random
-generation: a lease remembers the one it came from, and leftovers handed back to another
-generation are dropped (they were never added to it); a hand-back alone does not create a
-bucket, so the rebuild waits for the next admission and the history has caught up. Bounds:
-
-* Calls: the fleet admits at most **the quota + the calls in flight at the loss**: calls
-  admitted and not yet in the store's history when the bucket is rebuilt. Those are runs still
-  executing or queued in a worker's history writer (written every
-  ``GATEWAY_HISTORY_FLUSH_MS``; longer while the store is unreachable) and calls spent from
-  leases taken from the lost bucket (at most one lease per worker).
-  A worker learns of a loss from its bus heartbeat (``fleet.bus``: its own entry gone) and
-  drops what its leases still hold, so a loss while a key has been idle for one heartbeat
-  loses nothing: exact. On Redis Cluster the heartbeat sees only the bus's master: a loss on
-  another master is learned from the rebuild, after the workers spent their leftovers (at
-  most one lease each).
-* Rows: the same, in rows. Rows a worker still had to settle at the loss are added to the
-  rebuilt bucket, and count twice when their runs were already read (the strict side: at most
-  the rows of the last L). A stream's rows are charged as they are sent and its run records
-  none, so streamed rows are not recovered.
-* The store unreachable when a bucket must be created: 503 for that key until the store
-  answers (retried after ``SEED_RETRY_S``).
+with its bounds. Quotas: ``fleet.quotas`` (leases of K calls, never exceeded), with theirs. This
+module is the facade the gateway's port (``gateway.ports.Admission``) sees, and the local
+fallback of rate limits while Redis is away.
 
 Redis unreachable (``GATEWAY_REDIS_FAILURE``): rate limits: ``open`` admits through a local
 token bucket per worker holding its share (1/W) of each limit, once the bucket's headroom is
-spent; ``closed`` answers 503. Quotas: what the leases hold, then 503 (above). The worker
+spent; ``closed`` answers 503. Quotas: what the leases hold, then 503 (``fleet.quotas``). The worker
 retries Redis every 250 ms and returns to the shared buckets by itself; it logs once when it
 starts deciding locally, once when Redis answers again, and a summary every
 ``GATEWAY_DEGRADED_LOG_S`` between (``fleet.degraded``), never a line per call.
@@ -71,7 +19,7 @@ NOSCRIPT (redis-py's ``Script`` does this; a promoted replica has no scripts cac
 Failover (Redis Cluster or Sentinel, ``fleet.redis_client``; the windows per server in
 ``fleet.reach``): the promoted replica serves the buckets it had received. Writes it had not
 (asynchronous replication) are lost: a quota bucket it never received is rebuilt from the run
-history (above); one it received but behind the master lacks the calls leased in the last
+history (``fleet.quotas``); one it received but behind the master lacks the calls leased in the last
 replication lag (typically under a millisecond of leases; ``WAIT`` is not used), so the quota
 may admit up to those calls more. Rate buckets restart from what the replica held: at most one
 burst more.
@@ -80,7 +28,6 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -89,14 +36,14 @@ from typing import TYPE_CHECKING
 import redis
 
 from gateway.errors import GatewayError
-from gateway.model.limits import Quota, Rate, quota_period, quota_window
-from gateway.ports import Clock, Headers, quota_exceeded, rate_limited
+from gateway.model.limits import Rate
+from gateway.ports import Clock, Headers, rate_limited
 
 from .concurrency import Place, RunningCalls
+from .quotas import QuotaLeases, UsageReader
 from .rates import RateBucket, RateLimits
 from .reach import Reach
 from .redis_client import RedisLink
-from .wheel import Wheel
 
 if TYPE_CHECKING:
     from gateway.model.catalog import ApiKey
@@ -104,75 +51,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("fleet.leases")
 
-# (key id, period start in epoch seconds) -> (calls admitted, rows returned) since then, as
-# the run history holds them (``gateway.store.history.AdmittedUsage``).
-UsageReader = Callable[[int, float], tuple[int, int]]
-SEED_RETRY_S = 1.0     # a bucket that could not be rebuilt (store unreachable) is retried after this
 SWEEP_S = 10.0         # how often idle buckets are looked for (and forgotten after IDLE_S)
 IDLE_S = 60.0
-
-# KEYS[1]: quota hash for one key and period. ARGV: calls limit (-1: none), want, give
-# back, rows to add, expire at (epoch s), the bucket generation the caller's lease came from,
-# and to create a missing bucket: a new generation ('': do not), its calls and rows (what the
-# run history holds), then the live workers. Returns {granted, calls used, rows used,
-# generation}, or {-1, 0, 0, ''} when the bucket is missing and no generation was given: the
-# caller reads the history and asks again. Leftovers handed back count only in the generation
-# they were leased from.
-_TAKE_CALLS = """
-local gen = redis.call('HGET', KEYS[1], 'gen')
-if not gen then
-  if redis.call('EXISTS', KEYS[1]) == 1 then
-    gen = ''
-  elseif ARGV[7] == '' then
-    return {-1, 0, 0, ''}
-  else
-    gen = ARGV[7]
-    redis.call('HSET', KEYS[1], 'gen', gen, 'calls', ARGV[8], 'rows', ARGV[9])
-  end
-end
-local limit, want = tonumber(ARGV[1]), tonumber(ARGV[2])
-local back, rows = tonumber(ARGV[3]), tonumber(ARGV[4])
-local workers = math.max(1, tonumber(ARGV[10]))
-if gen ~= ARGV[6] then back = 0 end
-local used = tonumber(redis.call('HGET', KEYS[1], 'calls') or '0') - back
-if used < 0 then used = 0 end
-local grant = 0
-if limit < 0 then
-  grant = want
-elseif used < limit and want > 0 then
-  local left = limit - used
-  grant = math.min(want, left, math.max(1, math.floor(left / (4 * workers))))
-end
-used = used + grant
-redis.call('HSET', KEYS[1], 'calls', used)
-local total_rows = redis.call('HINCRBY', KEYS[1], 'rows', rows)
-redis.call('EXPIREAT', KEYS[1], tonumber(ARGV[5]) + 86400)
-return {grant, used, total_rows, gen}
-"""
-
-
-class _Lease:
-    """This worker's share of one key's quota bucket for one period."""
-
-    __slots__ = ("bucket", "lock", "tokens", "expires", "want", "empty_until", "shared", "rows_pending",
-                 "rows_used", "period_end", "key_id", "period_start", "gen", "seed_after", "queued")
-
-    def __init__(self, bucket: str, want: int) -> None:
-        self.bucket = bucket       # the Redis key of the shared bucket
-        self.lock = threading.Lock()
-        self.tokens = 0            # leased, not yet spent
-        self.expires = 0.0         # the lease is spent only before this (monotonic)
-        self.want = want           # next lease size (adaptive)
-        self.empty_until = 0.0     # shared bucket known empty until (monotonic)
-        self.shared = 0            # calls used in Redis at the last lease
-        self.rows_pending = 0      # rows returned, not yet added in Redis
-        self.rows_used = 0         # rows in Redis at the last lease
-        self.period_end = 0
-        self.key_id = 0            # whose bucket, and when its period began
-        self.period_start = 0
-        self.gen = b""             # the generation of the shared bucket the lease came from
-        self.seed_after = 0.0      # the bucket could not be rebuilt; 503 until this (monotonic)
-        self.queued = False        # rows to settle: in the flusher's next round
 
 
 class LeasedAdmission:
@@ -182,31 +62,18 @@ class LeasedAdmission:
         ``history``: what a key was admitted since its period began, read from the store when
         a quota bucket is created (without it, a bucket starts at 0)."""
         self._redis = RedisLink(redis_url).client(settings.redis_timeout_ms / 1000)
-        self._take_calls = self._redis.register_script(_TAKE_CALLS)
         self._lease_s = settings.lease_ms / 1000
-        self._hold_s = settings.quota_hold_s
-        self._lease_max = settings.lease_max
         self._closed_on_failure = settings.redis_failure == "closed"
         self._ip_rate = Rate.parse(settings.rate_limit, settings.rate_limit_burst or None, "GATEWAY_RATE_LIMIT") \
             if settings.rate_limit else None
         self._workers_hint = workers_hint
         self._clock = clock
-        self._wall = wall
         self._history = history
         self.reach = Reach(self._redis, self._closed_on_failure, settings.degraded_log_s, log, clock)
         self.degraded = self.reach.degraded
         self.rates = RateLimits(self._redis, workers_hint, self.reach, self._lease_s, settings.lease_max, clock)
-        self._leases: dict[str, _Lease] = {}
-        self._windows: dict[str, tuple[str, int, int]] = {}
-        self._leases_lock = threading.Lock()
-        self._queue_lock = threading.Lock()
-        self._rows_due: list[_Lease] = []                  # rows to settle
-        self._expiring: Wheel[_Lease] = Wheel(self._lease_s)  # leases to hand back when they expire
+        self.quotas = QuotaLeases(self._redis, settings, self.reach, workers_hint, self._unleased, clock, wall, history)
         self.fallbacks = 0          # calls admitted or refused by the local fallback
-        self._quota_calls = 0       # quota scripts sent (round trips)
-        self.rebuilt = 0            # quota buckets created from the run history (new period or lost)
-        self.lost = 0               # ... of which this worker had leased from before: Redis lost them
-        self._warned_until = 0.0
         # max_concurrent: places held while calls run (fleet.concurrency), on the same client and log.
         self.running = RunningCalls(self._redis, settings.concurrency_lease_ms, self._closed_on_failure,
                                     workers_hint, self.degraded, clock)
@@ -217,7 +84,12 @@ class LeasedAdmission:
     @property
     def redis_calls(self) -> int:
         """Scripts sent for rates and quotas: the round trips admission cost."""
-        return self.rates.redis_calls + self._quota_calls
+        return self.rates.redis_calls + self.quotas.redis_calls
+
+    @property
+    def lost(self) -> int:
+        """Quota buckets this worker had leased from that Redis lost (rebuilt from the history)."""
+        return self.quotas.lost
 
     # --- the data plane's interface ---------------------------------------------------
     def admit_ip(self, ip: str) -> Headers:
@@ -234,37 +106,17 @@ class LeasedAdmission:
         if rate is not None:
             headers = self.rates.spend(key.id, rate, "this key", self._local_rate)
         if quota is not None:
-            headers += self._spend_quota(key, quota, headers)
+            headers += self.quotas.spend(key, quota, headers)
         return headers
 
     def settle(self, key: ApiKey, rows: int) -> None:
-        quota = key.quota
-        if quota is None or quota.rows is None or not rows:
-            return
-        lease = self._quota_lease(key, quota)
-        with lease.lock:
-            lease.rows_pending += rows
-            self._rows_to_settle(lease)
+        self.quotas.settle(key, rows)
 
     def rows_left(self, key: ApiKey) -> int | None:
-        quota = key.quota
-        if quota is None or quota.rows is None:
-            return None
-        lease = self._quota_lease(key, quota)
-        with lease.lock:
-            return max(quota.rows - lease.rows_used - lease.rows_pending, 0)
+        return self.quotas.rows_left(key)
 
     def take_rows(self, key: ApiKey, wanted: int) -> int:
-        quota = key.quota
-        if quota is None or quota.rows is None:
-            return wanted
-        lease = self._quota_lease(key, quota)
-        with lease.lock:   # checked and charged at once: concurrent streams share what is left
-            granted = max(0, min(wanted, quota.rows - lease.rows_used - lease.rows_pending))
-            lease.rows_pending += granted
-            if granted:
-                self._rows_to_settle(lease)
-        return granted
+        return self.quotas.take_rows(key, wanted)
 
     def enter(self, key: ApiKey) -> Place:
         return self.running.enter(key)
@@ -275,144 +127,13 @@ class LeasedAdmission:
     def local(self, key: ApiKey) -> bool:
         return self._ip_rate is None and key.rate is None and key.quota is None and key.max_concurrent is None
 
-    # --- quotas ---------------------------------------------------------------------
-    def _window(self, per: str) -> tuple[str, int, int]:
-        """The current quota period, recomputed only when it has ended (no datetime per call)."""
-        window = self._windows.get(per)
-        if window is None or self._wall() >= window[2]:
-            window = self._windows[per] = quota_period(per, self._wall())
-        return window
-
-    def _quota_lease(self, key: ApiKey, quota: Quota) -> _Lease:
-        period, start, end = self._window(quota.per)
-        bucket = f"gw:{{q:{key.id}}}:{period}"
-        lease = self._leases.get(bucket)
-        if lease is None:
-            with self._leases_lock:
-                # The first lease as large as the rest: the script caps it at a quarter of what is
-                # left over W, which is what keeps a small quota's last calls spread.
-                lease = self._leases.setdefault(bucket, _Lease(bucket, self._lease_max))
-            lease.key_id, lease.period_start, lease.period_end = key.id, start, end
-        return lease
-
-    def _take(self, lease: _Lease, limit: int, want: int, back: int, rows: int) -> tuple[int, int, int] | None:
-        """The quota script on ``lease``'s bucket: (granted, calls used, rows used). A missing
-        bucket (a new period, or Redis lost it) is created from the run history first: one
-        store read, then the script again with what it found; when several workers race, the
-        script creates the bucket once and the others' reads are ignored. Only leftovers to
-        hand back to a missing bucket: None, nothing is created (they were leased from the
-        bucket that is gone; the next admission creates it, the history having caught up)."""
-        args: list[int | bytes | str] = [limit, want, back, rows, lease.period_end, lease.gen]
-        workers = max(1, self._workers_hint())
-        history = self._history
-        if history is None:
-            reply = self._take_calls(keys=[lease.bucket], args=[*args, _new_gen(), 0, 0, workers])
-        else:
-            reply = self._take_calls(keys=[lease.bucket], args=[*args, "", 0, 0, workers])
-            if reply[0] < 0 and want == 0 and rows == 0:
-                return None
-            if reply[0] < 0:
-                try:
-                    calls, rows_seen = history(lease.key_id, lease.period_start)
-                except Exception as exc:
-                    raise _NoHistory(exc) from exc
-                reply = self._take_calls(keys=[lease.bucket], args=[*args, _new_gen(), calls, rows_seen, workers])
-                self._quota_calls += 1
-                self.rebuilt += 1
-                if lease.gen:   # this worker had leased from the bucket before: Redis lost it
-                    self.lost += 1
-                    self._warn(f"admission: quota bucket {lease.bucket} was lost from Redis; rebuilt from the "
-                               f"run history ({calls} calls, {rows_seen} rows since the period began)")
-        self._quota_calls += 1
-        grant, used, rows_used, lease.gen = reply
-        return int(grant), int(used), int(rows_used)
-
-    def _no_history(self, lease: _Lease, exc: Exception, now: float) -> None:
-        lease.seed_after = now + SEED_RETRY_S
-        self._warn(f"admission: cannot read the run history to create quota bucket {lease.bucket} ({exc}); "
-                   f"refusing its key for {SEED_RETRY_S:.0f}s")
-
-    def _warn(self, message: str) -> None:
-        """At most one warning per 10 s: a loss touches every key of every worker at once."""
-        now = self._clock()
-        if now >= self._warned_until:
-            self._warned_until = now + 10.0
-            log.warning("%s", message)
-
-    def _spend_quota(self, key: ApiKey, quota: Quota, rate_headers: Headers) -> Headers:
-        lease = self._quota_lease(key, quota)
-        reset_s = max(1, int(lease.period_end - self._wall()))
-        with lease.lock:
-            now = self._clock()
-            if quota.rows is not None and lease.rows_used + lease.rows_pending >= quota.rows:
-                raise quota_exceeded("rows", reset_s, rate_headers + self._quota_headers(lease, quota, reset_s))
-            if quota.calls is None:
-                return self._quota_headers(lease, quota, reset_s)
-            if lease.tokens > 0 and now < lease.expires:
-                lease.tokens -= 1
-                return self._quota_headers(lease, quota, reset_s)
-            if now < lease.empty_until:
-                raise quota_exceeded("calls", reset_s, rate_headers + self._quota_headers(lease, quota, reset_s))
-            if self.reach.is_down(lease.bucket, now) or now < lease.seed_after:
-                raise self._unleased()
-            return self._lease_calls(lease, quota, quota.calls, reset_s, rate_headers, now)
-
-    def _lease_calls(self, lease: _Lease, quota: Quota, calls: int, reset_s: int, rate_headers: Headers,
-                     now: float) -> Headers:
-        if lease.tokens > 0:      # expired with leftovers: they go back with this script, and less next time
-            lease.want = max(1, lease.want // 2)
-        elif lease.expires:
-            lease.want = min(self._lease_max, lease.want * 2)
-        # What is sent is taken off the lease first: a script that ran after its caller gave up
-        # (a timeout) has handed the leftovers back, and they must not go back a second time.
-        back, lease.tokens = lease.tokens, 0
-        rows, lease.rows_pending = lease.rows_pending, 0
-        try:
-            taken = self._take(lease, calls, lease.want, back, rows)
-        except redis.RedisError as exc:
-            lease.rows_pending += rows    # rows may count twice: the strict side
-            self.reach.failed(exc, lease.bucket)
-            raise self._unleased() from exc
-        except _NoHistory as exc:
-            lease.rows_pending += rows
-            self._no_history(lease, exc, now)
-            raise self._unleased() from exc
-        self.reach.succeeded()
-        grant, used, rows_used = taken or (0, 0, 0)   # None only when nothing was asked for
-        lease.shared, lease.rows_used = used, rows_used
-        if grant <= 0:
-            # Others may still hand back leftovers: look again after one lease length.
-            lease.empty_until = now + self._lease_s
-            raise quota_exceeded("calls", reset_s, rate_headers + self._quota_headers(lease, quota, reset_s))
-        lease.tokens = grant - 1
-        lease.expires = now + self._hold_s
-        self._expiring.schedule(lease, lease.expires)
-        return self._quota_headers(lease, quota, reset_s)
-
-    @staticmethod
-    def _quota_headers(lease: _Lease, quota: Quota, reset_s: int) -> Headers:
-        headers: Headers = (("X-Quota-Reset", str(reset_s)),)
-        if quota.calls is not None:
-            left = quota.calls - int(lease.shared) + max(lease.tokens, 0)
-            headers += (("X-Quota-Remaining-Calls", str(max(left, 0))),)
-        if quota.rows is not None:
-            headers += (("X-Quota-Remaining-Rows", str(max(quota.rows - lease.rows_used - lease.rows_pending, 0))),)
-        return headers
-
-    def _rows_to_settle(self, lease: _Lease) -> None:
-        """(the caller holds the lease's lock)"""
-        if not lease.queued:
-            lease.queued = True
-            with self._queue_lock:
-                self._rows_due.append(lease)
-
+    # --- Redis unreachable ----------------------------------------------------------------
     def _unleased(self) -> GatewayError:
         """A quota call this worker holds no leased call for, and cannot ask Redis for one."""
         self.fallbacks += 1
         self.degraded.refused += 1
         return self._unavailable()
 
-    # --- Redis unreachable: rate limits -------------------------------------------------
     def _unavailable(self) -> GatewayError:
         return GatewayError(503, "admission_unavailable", "shared limits are unreachable; retry shortly",
                             headers={"Retry-After": "1"})
@@ -466,82 +187,23 @@ class LeasedAdmission:
 
     def flush(self) -> None:
         self.rates.report()
-        now = self._clock()
-        with self._queue_lock:
-            due, self._rows_due = self._rows_due, []
-        due += self._expiring.due(now)
-        for lease in {id(lease): lease for lease in due}.values():
-            if self.reach.is_down(lease.bucket, now):
-                with lease.lock:
-                    self._rows_to_settle(lease)
-                continue
-            try:
-                self._settle_quota(lease, now)
-            except redis.RedisError as exc:
-                self.reach.failed(exc, lease.bucket)
-
-    def _settle_quota(self, lease: _Lease, now: float) -> None:
-        # The Redis call is made holding the lease's lock, as _spend_quota's is: released in
-        # between, the rows on their way to Redis would be counted nowhere, and a call in that
-        # gap could pass the rows check with the quota already spent (one round trip per key
-        # and flush, off the request path).
-        with lease.lock:
-            lease.queued = False
-            expired = lease.tokens > 0 and now >= lease.expires
-            if not (lease.rows_pending or expired) or now < lease.seed_after:
-                return
-            back = lease.tokens if expired else 0
-            lease.tokens -= back            # before the script: never handed back twice
-            rows, lease.rows_pending = lease.rows_pending, 0
-            try:
-                taken = self._take(lease, -1, 0, back, rows)
-            except _NoHistory as exc:
-                lease.rows_pending += rows
-                self._no_history(lease, exc, now)
-                return
-            except redis.RedisError:
-                lease.rows_pending += rows
-                self._rows_to_settle(lease)
-                raise
-            if back:
-                lease.want = max(1, lease.want // 2)
-            if taken is None:   # the bucket is gone, and its leftovers with it
-                return
-            _, used, rows_used = taken
-            lease.shared, lease.rows_used = used, rows_used
+        self.quotas.flush(self._clock())
 
     def _sweep(self) -> None:
         """Forget what is idle: rate buckets (``fleet.rates``) and leases of ended periods."""
         self.rates.forget_idle(IDLE_S)
-        wall = self._wall()
-        with self._leases_lock:
-            leases = self._leases.copy()
-        for name, lease in leases.items():
-            if lease.period_end and wall > lease.period_end + 60 and not (lease.tokens or lease.rows_pending):
-                self._leases.pop(name, None)
+        self.quotas.sweep()
 
     def redis_lost_data(self) -> None:
         """Redis lost its data (``fleet.bus`` found this worker's heartbeat gone): the calls
         left in this worker's quota leases came from buckets that may be gone, and the run
         history that rebuilds them does not count calls not yet made. They are dropped (not
         handed back: the bucket may be a new one), so a loss while a key is idle stays exact."""
-        for lease in list(self._leases.values()):
-            with lease.lock:
-                lease.tokens, lease.expires = 0, 0.0
+        self.quotas.drop_leftovers()
 
     # --- management: GET /api/v1/usage/quotas ---------------------------------------------
     def usage(self, keys: Iterable[ApiKey]) -> list[dict]:
-        """Calls used as Redis counts them: calls leased by workers count as used (at most one
-        lease per worker more than were made)."""
-        items = []
-        for key in keys:
-            if key.quota is None:
-                continue
-            period, end = quota_window(key.quota.per, self._wall())
-            calls, rows = self._redis.hmget(f"gw:{{q:{key.id}}}:{period}", "calls", "rows")
-            items.append({"key": key.name, "period": period, "resets_at": end, "quota": key.quota.to_doc(),
-                          "calls_used": int(calls or 0), "rows_used": int(rows or 0)})
-        return items
+        return self.quotas.usage(keys)
 
     def close(self) -> None:
         self.running.close()
@@ -549,21 +211,9 @@ class LeasedAdmission:
         self._flusher.join(1)
         try:
             self.rates.flush_all()
-            for lease in self._leases.values():
-                lease.expires = 0.0
-                with self._queue_lock:
-                    self._rows_due.append(lease)
-            self.flush()
+            self.quotas.hand_back_all()
         except redis.RedisError:
             pass
         close = getattr(self._history, "close", None)
         if close is not None:
             close()
-
-
-class _NoHistory(Exception):
-    """The run history could not be read, so a quota bucket could not be created."""
-
-
-def _new_gen() -> str:
-    return os.urandom(6).hex()

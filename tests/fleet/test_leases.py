@@ -186,6 +186,33 @@ def test_a_lost_bucket_is_rebuilt_and_old_leftovers_do_not_count(redis_url, rdb)
     assert int(rdb.hget(bucket, "calls")) == 300
 
 
+def test_a_loss_drops_leftovers_of_the_lost_bucket_only(redis_url, rdb):
+    """The bus heartbeat learns of a loss up to one beat late (``redis_lost_data``): by then a
+    worker may hold a lease from the rebuilt bucket, whose calls are counted there and must
+    not be dropped (the quota would then admit fewer than it allows); a lease from the bucket
+    that is gone is dropped. (Dropping every leftover made a 300-call quota stop at 296-299
+    under load in test_quota_recovery.)"""
+    history = History()
+    knobs = settings(redis_url, lease_ms=100, lease_max=64)
+    stale, fresh = LeasedAdmission(redis_url, knobs, history=history), LeasedAdmission(redis_url, knobs, history=history)
+    lost, rebuilt = a_key(quota={"calls": 300, "per": "day"}), a_key(quota={"calls": 300, "per": "day"})
+    try:
+        for admission in (stale, fresh):
+            admission.admit_key(lost)               # both lease from the bucket about to be lost
+        rdb.delete(quota_bucket(lost))              # Redis lost its data
+        fresh.admit_key(rebuilt)                    # a lease from a bucket created after the loss
+        for admission in (stale, fresh):
+            admission.redis_lost_data()
+        history.calls = 2                           # the history has the lost bucket's 2 calls
+        # The lost bucket's leftovers are gone: its next call rebuilds it from the history.
+        assert spend_until_refused(stale, lost) == 298
+        # The rebuilt bucket's lease is intact: its 300 calls are all admitted.
+        assert 1 + spend_until_refused(fresh, rebuilt) == 300
+    finally:
+        stale.close()
+        fresh.close()
+
+
 def test_a_rebuild_is_made_once_when_workers_race(redis_url, rdb):
     history = History(calls=100)
     knobs = settings(redis_url, lease_ms=50, lease_max=16)

@@ -3,7 +3,7 @@ Redis answers slowly or not at all.
 
 The cause of the 51-of-50 (issue #26), traced in real workers: a Redis reply that comes after
 ``GATEWAY_REDIS_TIMEOUT_MS`` (a loaded Redis, not a lost one) counts as Redis unreachable, and
-the quota's local fallback (``fleet.leases.LeasedAdmission._local_quota``) then admits this
+the quota's local fallback (a local quota fallback, since removed: ``fleet.quotas``) then admits this
 worker's share of what it last saw left, ``(calls - used) / W``, and one call even when it
 last saw nothing left (``_local_take`` floors a local bucket at one token); none of it is
 debited in Redis, nor reconciled when Redis answers again. The timed-out script had run:
