@@ -4,7 +4,8 @@ workers, each an admission of its own, sharing buckets in Redis.
 What is proven: a bucket far below its limit costs no round trip per call and its calls are
 reported many buckets to a script; no burst across workers passes an exact token bucket;
 in any window T at most b + r * (T + L); a report that fails is sent again, never lost; the
-fleet's size unknown means no headroom; leases behave as before once a bucket runs low.
+fleet's size unknown means no headroom; leases behave as before once a bucket runs low; a
+killed worker costs at most its headroom, a growing fleet at most half a burst.
 """
 from __future__ import annotations
 
@@ -245,3 +246,61 @@ def test_handed_back_leftovers_stay_within_the_documented_bound(redis_url):
     admitted.sort()
     window = 1.0
     assert most_inside(admitted, window) <= burst + rate * (window + lease_s)
+
+
+def admit_until_refused(admission, key, most: int = 1000) -> int:
+    for admitted in range(most):
+        try:
+            admission.admit_key(key)
+        except GatewayError as err:
+            assert err.code == "rate_limited", err.code
+            return admitted
+    return most
+
+
+def quiet(redis_url: str, workers: list[int], clock: FakeClock) -> LeasedAdmission:
+    """A simulated worker whose background reports never run during the test (a long sync
+    interval): what it admitted locally reaches Redis only when it asks. ``workers[0]``: the
+    fleet's size as its heartbeat counts it."""
+    return LeasedAdmission(redis_url, settings(redis_url, lease_ms=600_000), workers_hint=lambda: workers[0],
+                           clock=clock)
+
+
+def test_a_killed_worker_loses_at_most_its_headroom(redis_url):
+    """No refill (1/hour), b = 20, W = 2: h = 5. Worker A admits its 5 locally and is killed
+    before reporting them; B admits what the bucket shows, keeping A's headroom while the fleet
+    counts A; once the heartbeat counts 1 worker, B's headroom is the whole b/2 and the
+    reserve is gone. The fleet admitted b + h: h more than an exact bucket, never more."""
+    clock, fleet = FakeClock(), [2]
+    a, b = quiet(redis_url, fleet, clock), quiet(redis_url, fleet, clock)
+    key = a_key("1/hour", 20)
+    try:
+        assert admit_until_refused(a, key, most=5) == 5 and a.redis_calls == 0   # local, unreported
+        a._stop.set()                         # killed: its flusher never reports them
+        a.running.close()
+        by_b = admit_until_refused(b, key)
+        assert by_b == 15, by_b               # A's headroom is kept for it
+        fleet[0] = 1                          # the heartbeat no longer counts A
+        clock.now += 3600                     # past B's refusal (a token was due in an hour)
+        by_b += admit_until_refused(b, key)
+    finally:
+        b.close()
+    assert 5 + by_b == 20 + 5, by_b
+
+
+def test_a_growing_fleet_admits_at_most_half_a_burst_more(redis_url):
+    """b = 20, no refill. Worker A still counts W = 1 (h = 10) and admits 10 unreported; B has
+    seen the heartbeat that counts 2 (h = 5). Until A sees it too, the fleet may admit at most
+    b/2 more than an exact bucket."""
+    clock = FakeClock()
+    a, b = quiet(redis_url, [1], clock), quiet(redis_url, [2], clock)
+    key = a_key("1/hour", 20)
+    try:
+        assert admit_until_refused(a, key, most=10) == 10 and a.redis_calls == 0
+        by_b = admit_until_refused(b, key)
+        by_a = 10 + admit_until_refused(a, key)    # A asks: its 10 reach Redis, nothing is left
+    finally:
+        a.close()
+        b.close()
+    print(f"A {by_a}, B {by_b}")
+    assert 20 < by_a + by_b <= 20 + 10, (by_a, by_b)
