@@ -26,11 +26,27 @@ from __future__ import annotations
 import time
 from typing import Any
 
+import gunicorn
 from gunicorn import util
 from gunicorn.config import Config
 from gunicorn.http.body import LengthReader
 from gunicorn.http.message import TOKEN_RE
 from gunicorn.http.wsgi import HEADER_VALUE_RE, Response
+
+# The gunicorn whose private names this worker overrides and whose gthread request handler
+# fleet/worker.py copies (setup.cfg pins it). Another version may rename or change any of
+# them without notice, so a worker refuses to load on it rather than misbehave quietly.
+GUNICORN_VERSION = "27.0.1"
+
+
+def require_gunicorn(installed: str = gunicorn.__version__) -> None:
+    if installed != GUNICORN_VERSION:
+        raise RuntimeError(f"fleet's worker was written against gunicorn {GUNICORN_VERSION} and {installed} is "
+                           f"installed: install gunicorn=={GUNICORN_VERSION} (setup.cfg pins it), or port "
+                           f"fleet/lean.py, fleet/lean_request.py and fleet/worker.py to {installed} first")
+
+
+require_gunicorn()
 
 _HOP = ""                      # a remembered name that gunicorn's own rules must handle
 _NAMES: dict[str, str] = {}    # header name -> its lower-cased form, or _HOP

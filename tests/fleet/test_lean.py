@@ -5,16 +5,20 @@ once through gunicorn's ``Response`` and once through ``LeanResponse``, and comp
 the client receives (the Date line aside, which only has to be a valid date)."""
 from __future__ import annotations
 
+import configparser
+import re
 import socket
 from email.utils import parsedate_to_datetime
+from pathlib import Path
 
+import gunicorn
 import pytest
 from gunicorn.config import Config
 from gunicorn.http import get_parser
 from gunicorn.http.errors import InvalidResponseHeader, InvalidResponseHeaderName
 from gunicorn.http.wsgi import Response
 
-from fleet.lean import FrozenConfig, LeanResponse, http_date
+from fleet.lean import GUNICORN_VERSION, FrozenConfig, LeanResponse, http_date, require_gunicorn
 
 
 def _answer(response_class: type, request: bytes, status: str, headers: list, body: list[bytes]) -> bytes:
@@ -141,3 +145,15 @@ def test_nothing_to_drain_only_when_gthread_would_drain_nothing(request_bytes, r
     finally:
         server.close()
         client.close()
+
+
+def test_the_worker_is_pinned_to_the_gunicorn_it_was_written_against():
+    """setup.cfg installs the version the overrides copy, and a worker refuses any other."""
+    cfg = configparser.ConfigParser()
+    cfg.read(Path(__file__).resolve().parents[2] / "setup.cfg")
+    requires = [line.strip() for line in cfg["options"]["install_requires"].splitlines()]
+    assert f"gunicorn=={GUNICORN_VERSION}" in requires, requires
+    assert gunicorn.__version__ == GUNICORN_VERSION
+    require_gunicorn(GUNICORN_VERSION)
+    with pytest.raises(RuntimeError, match=f"written against gunicorn {re.escape(GUNICORN_VERSION)} and 0\\.0\\.1 is installed"):
+        require_gunicorn("0.0.1")
