@@ -14,6 +14,7 @@
                                again; behind nginx (--instances 2+) no call is lost
     fleet status
     fleet seed --url URL       create the demo objects through the Management API
+    fleet --version            the version (gateway.__version__, the one source)
 
 The benchmark harness is not part of the product: from a checkout, `python -m loadtests.bench`.
 """
@@ -30,6 +31,7 @@ import urllib.request
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from gateway import __version__
 from gateway.settings import Settings
 
 from . import local
@@ -350,6 +352,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     parser = argparse.ArgumentParser(prog="fleet", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="version", version=f"fleet (gateway-fleet) {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     p_up = sub.add_parser("up", help="start everything and seed the demo")
     p_up.add_argument("--instances", type=int, default=1)

@@ -1,6 +1,6 @@
 """Typed errors: every failure a caller can cause has a status and a stable code.
 
-The codes are a public contract (listed in the README's error table); the messages are
+The codes are a public contract (listed in docs/api.md's error table); the messages are
 for people and may change.
 """
 from __future__ import annotations
@@ -56,7 +56,7 @@ def unavailable(code: str, message: str, retry_after: int = 1) -> GatewayError:
     return GatewayError(503, code, message, headers={"Retry-After": str(retry_after)})
 
 
-# Every stable code, with its status and meaning: the README's error table is generated
+# Every stable code, with its status and meaning: docs/api.md's error table is generated
 # from this, and a test checks that each code raised anywhere is listed here.
 CODES: dict[str, tuple[int, str]] = {
     "unknown_field": (400, "A management body has a field this resource does not know; `errors` names it."),
@@ -140,9 +140,9 @@ CODES: dict[str, tuple[int, str]] = {
     "unsupported_transfer_coding": (501, "The request's Transfer-Encoding is not `chunked` alone (no other coding "
                                          "is supported)."),
     "value_unrenderable": (502, "The result holds a value this gateway has no rendering for in the asked format (a "
-                                "gap in the README's Values table, reported with the request id); nothing of the page "
-                                "was sent. A stream that meets one after its first rows is cut instead (no clean end "
-                                "of the chunked body)."),
+                                "gap in the Values table of docs/formats.md, reported with the request id); nothing of "
+                                "the page was sent. A stream that meets one after its first rows is cut instead (no "
+                                "clean end of the chunked body)."),
     "database_unavailable": (503, "The data database cannot be reached; retry after `Retry-After`."),
     "store_unavailable": (503, "The gateway's store cannot be reached; retry after `Retry-After`."),
     "admission_unavailable": (503, "Redis is unreachable and `GATEWAY_REDIS_FAILURE=closed`; retry after "

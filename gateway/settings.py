@@ -3,7 +3,7 @@
 Settings are ``GATEWAY_*`` environment variables. ``Settings.from_env()`` is the only
 reader; everything else receives a ``Settings`` instance (passed in, never read from
 globals), so tests build one directly. ``python -m gateway.settings`` prints the
-Markdown table that the README carries.
+Markdown table that docs/settings.md carries (scripts/gen-docs).
 """
 from __future__ import annotations
 

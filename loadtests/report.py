@@ -1,6 +1,6 @@
 """results.md (and the plots) of a block's folder, from its results.jsonl and meta.json - regenerate any time:
 
-    python -m loadtests.report docs/bench/raw/oltp-20261130-044323
+    python -m loadtests.report docs/bench/raw/oltp-20261201-032222
 
 Each block renders its own (loadtests/blocks/<name>/render.py); this only finds which, by the block meta.json names
 (a folder that names none is read as a closed-loop block's, the oltp report). A run of ``python -m loadtests.servers``

@@ -1,7 +1,7 @@
 """Output formats: JSON (a list of row objects, QueryAPIGate's shape), NDJSON, CSV and TSV, each
 as a whole page or as a stream of chunks; XML and YAML as a whole page (QueryAPIGate's shapes).
 
-Every value is answered exactly (the README's "Values" table): the data sessions hand over
+Every value is answered exactly (the "Values" table of docs/formats.md): the data sessions hand over
 PostgreSQL's own text wherever a Python conversion could lose or fail, marked with what it is
 (``gateway.execution.values``), and each format writes that text as it is:
 

@@ -6,7 +6,7 @@ cached lookup ``account_cached`` (``cache_ttl`` 60). It reads its account throug
 gateway: right after the deposit's answer the cached read must show the balance the database
 holds (read with ``cache=false``), or the call fails as "STALE CACHED ANSWER". A write through
 the gateway invalidates the cached answers of what it touched before it is answered
-(README, "Response cache"), so this never fails on a correct fleet. Needs writes
+(docs/cache.md), so this never fails on a correct fleet. Needs writes
 (GATEWAY_ALLOW_WRITES=1), like Deposit.
 """
 from __future__ import annotations

@@ -2,8 +2,7 @@
 reason. The differential suite (``test_compat.py``) consults this list: a call marked with a
 difference must show exactly that difference (``check(peer, ours)``), so the suite fails both
 when an undocumented difference appears and when a documented one goes away unnoticed. The
-README's "Compatibility with QueryAPIGate" section lists the same names and reasons (a test
-checks that it does).
+page docs/compatibility.md lists the same names and reasons (a test checks that it does).
 
 ``peer`` and ``ours`` are ``helpers.api.Reply`` values.
 """

@@ -4,8 +4,8 @@ A table of built-in PostgreSQL types with their edge values is answered by a sav
 through every format (json, ndjson, csv, tsv, xml, yaml) and through streams (ndjson, csv,
 tsv), read back, and compared with PostgreSQL's own rendering of the same value, computed by
 the server on another session: ``to_json(v)`` (the ISO 8601 form of dates and times, numbers as
-number tokens, ``NaN`` as a string) and ``v::text``. The README's "Values" section is the table
-these tests prove.
+number tokens, ``NaN`` as a string) and ``v::text``. The "Values" table of docs/formats.md is
+the table these tests prove.
 """
 from __future__ import annotations
 

@@ -388,7 +388,7 @@ def test_one_socket_per_worker_reload_and_recycling_fail_no_request(services, tm
         admin.close()
         master.stop()
     calls = keepalive.calls + fresh.calls
-    # README, GATEWAY_REUSE_PORT: a connect that reaches a leaving worker's socket in the instant
+    # docs/settings.md, GATEWAY_REUSE_PORT: a connect that reaches a leaving worker's socket in the instant
     # it is shut is refused (nothing was sent) unless net.ipv4.tcp_migrate_req=1 moves it to a
     # sibling's: CI met one in 15,966 calls. A few, at most, and only where the kernel cannot move them.
     migrates = _sysctl("net/ipv4/tcp_migrate_req") == "1"

@@ -171,7 +171,7 @@ def _redis_ms_or_none(client) -> int | None:
 
 
 def report(result: Failover, what: str) -> str:
-    """The numbers the README quotes: how long each phase took, what clients saw."""
+    """The numbers docs/failures.md quotes: how long each phase took, what clients saw."""
     lines = [f"{what}: promoted {result.promoted - result.failed:.2f}s after the fault, fleet shared again "
              f"{result.shared - result.failed:.2f}s after it; publish took {result.returned - result.changed:.3f}s"]
     if result.missing:

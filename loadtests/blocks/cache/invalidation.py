@@ -6,7 +6,7 @@ them first:
   pending=0``), so that moment is its answer; were a worker still pending, it is the moment the cache bus's
   acknowledgements in Redis show every live worker at the purge's number or past it (polled after the answer).
 - writes: a saved write (``deposit``) into an account the cached lookup reads, timed from the write's answer to
-  the same moment (0 when every live worker acknowledged before the answer: README "Response cache", the bound).
+  the same moment (0 when every live worker acknowledged before the answer: docs/cache.md, the bound).
 
 Every call goes on a new connection (``Connection: close``): the master's listening socket hands it to any worker.
 Checked, and failing the block when wrong: the entry was served from the cache before (some fill call hit); a
