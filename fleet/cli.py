@@ -397,7 +397,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(seed(Api(args.url, args.admin_key), pg, Path(args.key_file), writer))
         return 0
     if args.command == "migrate":
-        from .migrate import migrate_store   # not for the other commands: it loads the application's code
+        from .migrate import migrate_store  # not for the other commands: it loads the application's code
         migrate_store(settings, args.wait)
         return 0
     return 2
