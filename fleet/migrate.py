@@ -27,11 +27,10 @@ from collections.abc import Callable
 
 import psycopg2
 
-from gateway.app import store_connector
 from gateway.settings import Settings
 from gateway.store.schema import MIGRATIONS, migrate
 
-from .app import wait_for_store
+from .app import store_connector, wait_for_store
 
 
 def migrate_store(settings: Settings, wait_s: float, say: Callable[[str], None] = print) -> int:
