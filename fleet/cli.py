@@ -14,6 +14,8 @@
                                again; behind nginx (--instances 2+) no call is lost
     fleet status
     fleet seed --url URL       create the demo objects through the Management API
+    fleet migrate [--wait S]   bring the store's schema up to this release's and exit
+                               (a release's migration job: fleet/migrate.py)
     fleet --version            the version (gateway.__version__, the one source)
 
 The benchmark harness is not part of the product: from a checkout, `python -m loadtests.bench`.
@@ -373,6 +375,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     p_seed.add_argument("--pg-writer-user", default=WRITER)
     p_seed.add_argument("--pg-writer-password", default="${GATEWAY_DEMO_WRITER_PG_PASSWORD}")
     p_seed.add_argument("--key-file", default=".fleet/demo_key")
+    p_migrate = sub.add_parser("migrate", help="bring the store's schema up to this release's and exit")
+    p_migrate.add_argument("--wait", type=float, default=60.0,
+                           help="seconds to wait for the store to accept connections (default 60)")
     args = parser.parse_args(argv)
     settings = Settings.from_env()
     if args.command == "up":
@@ -393,6 +398,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         pg = {**at, "user": args.pg_user, "password": args.pg_password}
         writer = {**at, "user": args.pg_writer_user, "password": args.pg_writer_password}
         print(seed(Api(args.url, args.admin_key), pg, Path(args.key_file), writer))
+        return 0
+    if args.command == "migrate":
+        from .migrate import migrate_store  # not for the other commands: it loads the application's code
+        migrate_store(settings, args.wait)
         return 0
     return 2
 
