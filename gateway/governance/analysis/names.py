@@ -4,16 +4,16 @@ from __future__ import annotations
 
 from sqlglot import exp
 
+from ...sql.reader import fold
 from .refusals import failed
 
-ASCII_LOWER = str.maketrans("ABCDEFGHIJKLMNOPQRSTUVWXYZ", "abcdefghijklmnopqrstuvwxyz")
 NAMEDATALEN = 64
 
 
 def pg_name(text: str, quoted: bool) -> str:
     """An identifier as PostgreSQL stores it: unquoted ones folded to lower case (ASCII
     letters only, as ``downcase_identifier`` does in UTF-8), truncated to 63 bytes."""
-    name = text if quoted else text.translate(ASCII_LOWER)
+    name = text if quoted else fold(text)
     data = name.encode("utf-8")
     if len(data) >= NAMEDATALEN:
         name = data[:NAMEDATALEN - 1].decode("utf-8", "ignore")
