@@ -13,7 +13,8 @@ from sqlglot import exp
 from sqlglot.tokens import Token
 
 from ...sql import Statement
-from ...sql.reader import fold, nodes
+from ...sql.reader import fold
+from ...sql.trees import nodes
 from .refusals import failed
 
 _STRING_TOKENS = frozenset(("STRING", "BYTE_STRING", "HEREDOC_STRING", "NATIONAL_STRING", "BIT_STRING",

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from ...sql.reader import nodes
+from ...sql.trees import nodes
 
 _BETWEEN_OPERATORS = ("<", "<=", ">", ">=")
 
