@@ -96,10 +96,10 @@ class Target(Tree):
 class Scope:
     __slots__ = ("parent", "ctes", "trees", "outputs")
 
-    def __init__(self, parent: Scope | None, ctes: Ctes) -> None:
+    def __init__(self, parent: Scope | None, ctes: Ctes, trees: list[Tree] | None = None) -> None:
         self.parent = parent
         self.ctes = ctes
-        self.trees: list[Tree] = []
+        self.trees: list[Tree] = trees if trees is not None else []
         self.outputs: dict | None = None
 
     def rels(self) -> Iterator[Rel]:

@@ -135,9 +135,7 @@ class StatementWalker(QueryWalker):
         conflict = root.args.get("conflict")
         if conflict is not None:
             self.on_conflict(conflict, target, ctes)
-        scope = Scope(None, ctes)
-        scope.trees = [target]
-        return self.returning(root, target, scope)
+        return self.returning(root, target, Scope(None, ctes, [target]))
 
     def on_conflict(self, conflict: exp.OnConflict, target: Target, ctes: Ctes) -> None:
         """ON CONFLICT: its conflict target sees the target table; its WHERE and DO UPDATE
@@ -147,10 +145,8 @@ class StatementWalker(QueryWalker):
                                    "constraint", "where"})
         written = frozenset(self.write_sources)
         excluded = [Col(c.name, c.sources | written) for c in target.cols]
-        scope = Scope(None, ctes)
-        scope.trees = [target, Tree([Rel("excluded", excluded, aliased=True)], excluded)]
-        target_only = Scope(None, ctes)
-        target_only.trees = [target]
+        scope = Scope(None, ctes, [target, Tree([Rel("excluded", excluded, aliased=True)], excluded)])
+        target_only = Scope(None, ctes, [target])
         for part in ("action", "constraint"):
             if conflict.args.get(part) is not None:
                 for node in conflict.args[part].walk():
@@ -163,12 +159,16 @@ class StatementWalker(QueryWalker):
                 self.referenced_in(part, scope if key == "where" else target_only)
         self.assignments(target, conflict.args.get("expressions") or [], scope)
 
-    def update(self, root: exp.Update, ctes: Ctes) -> list[Col]:
-        self.check_args(root, {"with_", "this", "expressions", "from_", "where", "returning"})
+    def opened(self, root: exp.Expr, allowed: set[str], ctes: Ctes) -> tuple[Target, Scope]:
+        """UPDATE's, DELETE's and MERGE's start: the clauses checked, the target table
+        resolved, and a scope that sees it."""
+        self.check_args(root, allowed)
         self.mark(root)
         target = self.target(root.this)
-        scope = Scope(None, ctes)
-        scope.trees = [target]
+        return target, Scope(None, ctes, [target])
+
+    def update(self, root: exp.Update, ctes: Ctes) -> list[Col]:
+        target, scope = self.opened(root, {"with_", "this", "expressions", "from_", "where", "returning"}, ctes)
         from_ = root.args.get("from_")
         if from_ is not None:
             self.mark(from_)
@@ -179,11 +179,7 @@ class StatementWalker(QueryWalker):
         return self.returning(root, target, scope)
 
     def delete(self, root: exp.Delete, ctes: Ctes) -> list[Col]:
-        self.check_args(root, {"with_", "this", "using", "where", "returning"})
-        self.mark(root)
-        target = self.target(root.this)
-        scope = Scope(None, ctes)
-        scope.trees = [target]
+        target, scope = self.opened(root, {"with_", "this", "using", "where", "returning"}, ctes)
         for item in root.args.get("using") or []:
             scope.trees.append(self.from_item(item, scope))
         if root.args.get("where") is not None:
@@ -191,11 +187,7 @@ class StatementWalker(QueryWalker):
         return self.returning(root, target, scope)
 
     def merge(self, root: exp.Expr, ctes: Ctes) -> list[Col]:
-        self.check_args(root, {"with_", "this", "using", "on", "whens", "returning"})
-        self.mark(root)
-        target = self.target(root.this)
-        scope = Scope(None, ctes)
-        scope.trees = [target]
+        target, scope = self.opened(root, {"with_", "this", "using", "on", "whens", "returning"}, ctes)
         scope.trees.append(self.from_item(root.args["using"], scope))
         self.referenced_in(root.args["on"], scope)
         whens = root.args.get("whens")
