@@ -8,67 +8,85 @@ import psycopg2.errors
 import psycopg2.extras
 
 from ..crypto import PasswordBox
-from ..errors import bad_request, conflict, not_found
+from ..errors import conflict, not_found
 from ..model.drivers import DRIVER_OPTIONS
 from ..store import statements as store
 from .changes import Changes
-from .validate import iso, require_fields, valid_name
+from .validate import (
+    A_STRING,
+    AN_OBJECT,
+    NON_EMPTY_STRING,
+    TRUE_OR_FALSE,
+    Fields,
+    Problem,
+    cannot_rename,
+    iso,
+    nullable,
+    require_fields,
+    rule,
+    valid_name,
+)
 
 FIELDS = {"name", "db", "host", "port", "database", "user", "password", "active", "options"}
+REQUIRED = ("host", "database", "user")
+_COLUMNS = {"user": "username"}   # the fields stored under another name
+
+
+def _port(value: Any) -> Any:
+    """A port given as ASCII digits is that number (not "²": int() refuses it)."""
+    return int(value) if isinstance(value, str) and value.isascii() and value.isdigit() else value
+
+
+def _driver_values(options: dict) -> Problem | None:
+    bad = [k for k, v in options.items()
+           if k in DRIVER_OPTIONS and (isinstance(v, bool) or not isinstance(v, (str, int)))]
+    return Problem(f"{', '.join(sorted(bad))} must be a string or a number") if bad else None
+
+
+# A connection's body: every field's problem named at once.
+CONNECTION = Fields({
+    "db": rule(lambda v: v in ("postgres", "postgresql"), "only 'postgres' is supported"),
+    "host": NON_EMPTY_STRING,
+    "database": NON_EMPTY_STRING,
+    "user": NON_EMPTY_STRING,
+    "port": rule(lambda v: isinstance(port := _port(v), int) and not isinstance(port, bool) and 0 < port < 65536,
+                 "must be an integer from 1 to 65535"),
+    "password": nullable(A_STRING),
+    "active": TRUE_OR_FALSE,
+    "options": (AN_OBJECT, _driver_values),
+}, invalid="invalid connection")
+
+
 class Connections:
     def __init__(self, changes: Changes, password_box: PasswordBox) -> None:
         self._changes = changes
         self._box = password_box
 
     def _values(self, body: dict, partial: bool) -> dict:
+        """The stored columns of a connection's body (a new one: with every required field)."""
         drivers = {k: body[k] for k in body if k in DRIVER_OPTIONS}
         if drivers:   # QueryAPIGate's form: driver options beside the fields, shown back under "options"
             body = {k: v for k, v in body.items() if k not in DRIVER_OPTIONS}
-            if not isinstance(body.get("options", {}), dict):
-                raise bad_request("invalid_body", "invalid connection", errors={"options": "must be an object"})
+            problem = AN_OBJECT(body.get("options", {}))
+            if problem is not None:
+                raise CONNECTION.refuse({"options": problem})
             body["options"] = {**body.get("options", {}), **drivers}
         require_fields(body, FIELDS)
-        values: dict[str, Any] = {}
-        errors: dict[str, str] = {}
-        if "db" in body:
-            if body["db"] not in ("postgres", "postgresql"):
-                errors["db"] = "only 'postgres' is supported"
-            values["db"] = "postgres"
-        for field, column in (("host", "host"), ("database", "database"), ("user", "username")):
-            if field in body:
-                if not isinstance(body[field], str) or not body[field]:
-                    errors[field] = "must be a non-empty string"
-                values[column] = body[field]
-            elif not partial:
-                errors[field] = "is required"
-        if "port" in body:
-            port = body["port"]
-            if isinstance(port, str) and port.isascii() and port.isdigit():   # not "²": int() refuses it
-                port = int(port)
-            if isinstance(port, bool) or not isinstance(port, int) or not 0 < port < 65536:
-                errors["port"] = "must be an integer from 1 to 65535"
-            values["port"] = port
-        if "password" in body:
-            if body["password"] is not None and not isinstance(body["password"], str):
-                errors["password"] = "must be a string"
-            else:
-                values["password"] = self._box.seal(body["password"])
-        if "active" in body:
-            if not isinstance(body["active"], bool):
-                errors["active"] = "must be true or false"
-            values["active"] = body["active"]
-        if "options" in body:
-            if not isinstance(body["options"], dict):
-                errors["options"] = "must be an object"
-            else:
-                bad = [k for k, v in body["options"].items() if k in DRIVER_OPTIONS and
-                       (isinstance(v, bool) or not isinstance(v, (str, int)))]
-                if bad:
-                    errors["options"] = f"{', '.join(sorted(bad))} must be a string or a number"
-            values["options"] = psycopg2.extras.Json(body["options"])
-        if errors:
-            raise bad_request("invalid_body", "invalid connection", errors=errors)
-        return values
+        CONNECTION.check(body, required=() if partial else REQUIRED)
+        return {_COLUMNS.get(field, field): self._stored(field, body[field]) for field in CONNECTION.rules
+                if field in body}
+
+    def _stored(self, field: str, value: Any) -> Any:
+        """A checked field's value as the store keeps it."""
+        if field == "db":
+            return "postgres"
+        if field == "port":
+            return _port(value)
+        if field == "password":
+            return self._box.seal(value)
+        if field == "options":
+            return psycopg2.extras.Json(value)
+        return value
 
     def create(self, body: dict) -> dict:
         name = valid_name(body, "connection")
@@ -84,7 +102,7 @@ class Connections:
         body = {k: v for k, v in body.items() if k != "name"} if body.get("name") in (None, name) else body
         values = self._values(body, partial=True)
         if "name" in body:
-            raise bad_request("invalid_body", "a connection cannot be renamed", errors={"name": "cannot change"})
+            raise cannot_rename("connection")
         if not values:
             return self.get(name)
         with self._changes.change("update", "connection", name) as cur:

@@ -3,16 +3,29 @@ secret shown once, stored as its SHA-256 digest."""
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import psycopg2.errors
 
 from .. import crypto
-from ..errors import GatewayError, bad_request, conflict, not_found
+from ..errors import GatewayError, conflict, not_found
 from ..governance import Grants
 from ..model.limits import Quota, Rate
 from ..store import statements as store
 from .changes import Changes
-from .validate import expires_at, iso, require_fields, str_list, valid_name
+from .validate import (
+    STRINGS,
+    TRUE_OR_FALSE,
+    Fields,
+    Problem,
+    cannot_rename,
+    expires_at,
+    iso,
+    require_fields,
+    rule,
+    valid_name,
+    whole_number,
+)
 
 FIELDS = {"name", "queries", "connections", "expires_at", "active", "rate_limit", "rate_limit_burst",
           "quota", "allow_writes", "allowed_tables", "mask", "allowed_write_ops", "max_rows", "query_timeout",
@@ -28,36 +41,54 @@ PREVIOUS = "previous"
 HIDDEN = {"active", PREVIOUS, "query_writes"}
 
 
-def _reach(body: dict, field: str) -> list[str] | str:
-    """``connections`` or ``queries``: ``"*"`` (all), or a list of names (QueryAPIGate's forms)."""
-    value = body.get(field)
-    if value == ALL:
-        return ALL
-    if field == "queries" and isinstance(value, list):
-        return sorted({entry["name"] if isinstance(entry, dict) else entry for entry in _query_entries(value)})
-    return str_list(body, field)
-
-
-def _query_entries(entries: list) -> list:
-    """``queries`` entries: a name, or ``{"name": ..., "allow_writes": bool}`` (a write grant for that query)."""
+def _queries(value: Any) -> Problem | None:
+    """``queries``: ``"*"`` (all), or names and ``{"name": ..., "allow_writes": bool}`` (a write
+    grant for that query) entries, each name once (QueryAPIGate's forms)."""
+    if value is None or value == ALL or not isinstance(value, list):
+        return _names_or_all(value)
     seen = set()
-    for entry in entries:
+    for entry in value:
         if isinstance(entry, dict):
             name = entry.get("name")
             if not isinstance(name, str) or set(entry) - {"name", "allow_writes"} or \
                     not isinstance(entry.get("allow_writes", False), bool):
-                raise bad_request("invalid_body", 'each queries entry is a name or {"name": ..., "allow_writes": '
-                                  'true}', errors={"queries": "has an invalid entry"})
+                return _INVALID_ENTRY
         elif isinstance(entry, str):
             name = entry
         else:
-            raise bad_request("invalid_body", "queries must be a list of names or objects, or \"*\"",
-                              errors={"queries": "must be a list of names or objects, or \"*\""})
+            return _NAMES_OR_OBJECTS
         if name in seen:
-            raise bad_request("invalid_body", f'queries lists "{name}" more than once',
-                              errors={"queries": "lists a name twice"})
+            return Problem("lists a name twice", f'queries lists "{name}" more than once')
         seen.add(name)
-    return entries
+    return None
+
+
+def _names_or_all(value: Any) -> Problem | None:
+    return None if value == ALL else STRINGS(value)
+
+
+_INVALID_ENTRY = Problem("has an invalid entry", 'each queries entry is a name or {"name": ..., "allow_writes": true}')
+_NAMES_OR_OBJECTS = Problem('must be a list of names or objects, or "*"')
+
+# A key's body, as far as the grants document checks it here; rate limits and quotas are
+# checked by their parsers (gateway.model.limits), the governance fields by Grants.from_doc.
+KEY = Fields({
+    "queries": _queries,
+    "connections": _names_or_all,
+    "collections": rule(lambda v: v in (None, []), "must be empty",
+                        "collections are not supported: grant queries by name"),
+    "max_concurrent": whole_number(1, 10_000, or_null=True),
+    "active": TRUE_OR_FALSE,
+    "allow_writes": TRUE_OR_FALSE,
+})
+ROTATION = Fields({"grace_minutes": whole_number(0, MAX_GRACE_MINUTES)})
+
+
+def _reach(value: Any) -> list[str] | str:
+    """``queries`` or ``connections`` as checked: ``"*"``, or the names, sorted, once each."""
+    if value == ALL:
+        return ALL
+    return sorted({entry["name"] if isinstance(entry, dict) else entry for entry in value or ()})
 
 
 def _query_writes(body: dict) -> list[str]:
@@ -69,30 +100,19 @@ def _query_writes(body: dict) -> list[str]:
 
 def grants_of(body: dict, base: dict | None = None) -> dict:
     """The key's grants document: ``base`` (the stored one, on an update) changed by ``body``."""
+    KEY.check(body)
     grants = dict(base or {})
     for field in ("queries", "connections"):
         if field in body or base is None:
-            grants[field] = _reach(body, field)
+            grants[field] = _reach(body.get(field))
     if "queries" in body or base is None:
         writes = _query_writes(body)
         if writes:
             grants["query_writes"] = writes
         else:
             grants.pop("query_writes", None)
-    if "collections" in body and body["collections"] not in (None, []):
-        raise bad_request("invalid_body", "collections are not supported: grant queries by name",
-                          errors={"collections": "must be empty"})
-    if "max_concurrent" in body:
-        value = body["max_concurrent"]
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 10_000):
-            raise bad_request("invalid_body", "max_concurrent must be a whole number from 1 to 10000, or null",
-                              errors={"max_concurrent": "must be a whole number from 1 to 10000, or null"})
-        grants["max_concurrent"] = value
-    for field in ("active", "allow_writes"):
+    for field in ("max_concurrent", "active", "allow_writes"):
         if field in body:
-            if not isinstance(body[field], bool):
-                raise bad_request("invalid_body", f"{field} must be true or false",
-                                  errors={field: "must be true or false"})
             grants[field] = body[field]
     if "rate_limit" in body or "rate_limit_burst" in body:
         rate_text = body.get("rate_limit", grants.get("rate_limit"))
@@ -140,7 +160,7 @@ class Keys:
     def update(self, name: str, body: dict) -> dict:
         require_fields(body, FIELDS)
         if body.get("name", name) != name:
-            raise bad_request("invalid_body", "a key cannot be renamed", errors={"name": "cannot change"})
+            raise cannot_rename("key")
         with self._changes.change("update", "key", name) as cur:
             row = self._row(cur, name, lock=True)
             grants = grants_of(body, base=row["grants"])
@@ -157,9 +177,7 @@ class Keys:
         grace = body.get("grace_minutes", DEFAULT_GRACE_MINUTES)
         if grace is None:
             grace = DEFAULT_GRACE_MINUTES
-        if isinstance(grace, bool) or not isinstance(grace, int) or not 0 <= grace <= MAX_GRACE_MINUTES:
-            raise bad_request("invalid_body", f"grace_minutes must be a whole number from 0 to {MAX_GRACE_MINUTES}",
-                              errors={"grace_minutes": f"must be a whole number from 0 to {MAX_GRACE_MINUTES}"})
+        ROTATION.check({"grace_minutes": grace})
         secret, prefix = crypto.new_api_secret()
         with self._changes.change("rotate", "key", name) as cur:
             row = self._row(cur, name, lock=True)

@@ -19,7 +19,19 @@ from ..model.catalog import Connection
 from ..model.params import compile_specs
 from ..store import statements as store
 from .changes import Changes
-from .validate import iso, require_fields, str_list, valid_name
+from .validate import (
+    A_STRING,
+    REQUIRED,
+    TRUE_OR_FALSE,
+    Fields,
+    Problem,
+    invalid_field,
+    iso,
+    require_fields,
+    rule,
+    str_list,
+    valid_name,
+)
 
 if TYPE_CHECKING:
     from ..governance.schema_cache import SchemaCache
@@ -27,6 +39,25 @@ if TYPE_CHECKING:
 
 FIELDS = {"name", "connection_name", "sql", "parameters", "publish", "description", "tags",
           "max_affected_rows", "mask", "cache_ttl", "author", "columns", "query_type"}
+
+
+def _an_integer(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+# A version's body, checked where the analysis has passed (its SQL, parameters and masks are
+# checked by their readers): these tables in the order the fields are met.
+VERSION = Fields({"description": A_STRING, "publish": TRUE_OR_FALSE})
+DESCRIBED = Fields({   # QueryAPIGate's descriptive fields: every problem named at once
+    "author": rule(lambda v: isinstance(v, str) and len(v) <= 200, "must be a string of at most 200 characters"),
+    "columns": rule(lambda v: isinstance(v or {}, dict) and all(isinstance(d, (str, dict)) for d in (v or {}).values()),
+                    "must be an object of column descriptions"),
+    "query_type": rule(lambda v: v == "sql", "must be 'sql'"),
+}, invalid="invalid query")
+LIMITS = Fields({"max_affected_rows": rule(lambda v: _an_integer(v) and v >= 0, "must be a non-negative integer")})
+PUBLISH = Fields({"version": rule(_an_integer, "must be an integer")})
+_READS_ONLY = Problem("is for reads only", "cache_ttl applies to reads only: this statement writes")
+_NAME_DIFFERS = Problem("must match", "the body's name differs from the URL's")
 _ATTEMPTS = 3
 
 
@@ -65,7 +96,7 @@ class Queries:
         require_fields(body, FIELDS)
         connection_name = body.get("connection_name")
         if not isinstance(connection_name, str):
-            raise bad_request("invalid_body", "connection_name is required", errors={"connection_name": "is required"})
+            raise invalid_field("connection_name", REQUIRED)
         with self._changes.cursor() as cur:
             row = store.connection(cur, connection_name)
         if row is None:
@@ -76,12 +107,7 @@ class Queries:
         compile_masks(masks)  # checked now; applied per key at plan time
         governance = self._analyze(Connection(row), text)   # fails closed with its code
         description = body.get("description") or ""
-        if not isinstance(description, str):
-            raise bad_request("invalid_body", "description must be a string",
-                              errors={"description": "must be a string"})
-        if "publish" in body and not isinstance(body["publish"], bool):
-            raise bad_request("invalid_body", "publish must be true or false",
-                              errors={"publish": "must be true or false"})
+        VERSION.check({**body, "description": description})
         # One analysis document per version: the governance analysis (kind, tables, output
         # columns, functions, ...) and PostgreSQL's reading it was made from (the positional
         # text, the parameters' first-use order, the paged form). The two kinds are one: the
@@ -96,9 +122,7 @@ class Queries:
         extra.update(self._described(body))
         max_rows = body.get("max_affected_rows")
         if max_rows is not None:
-            if isinstance(max_rows, bool) or not isinstance(max_rows, int) or max_rows < 0:
-                raise bad_request("invalid_body", "max_affected_rows must be a non-negative integer",
-                                  errors={"max_affected_rows": "must be a non-negative integer"})
+            LIMITS.check(body)
             extra["max_affected_rows"] = max_rows
         cache_ttl = self._cache_ttl(body, text.kind)
         values = {"connection_id": row["id"], "sql": body["sql"],
@@ -113,17 +137,9 @@ class Queries:
     def _described(body: dict) -> dict:
         """QueryAPIGate's descriptive fields: ``author`` (default: the caller), ``columns`` (a
         description per output column) and ``query_type`` (``sql``, the only one here)."""
-        errors = {}
+        DESCRIBED.check(body)
         author = body.get("author", "admin")
-        if not isinstance(author, str) or len(author) > 200:
-            errors["author"] = "must be a string of at most 200 characters"
         columns = body.get("columns") or {}
-        if not isinstance(columns, dict) or not all(isinstance(v, (str, dict)) for v in columns.values()):
-            errors["columns"] = "must be an object of column descriptions"
-        if body.get("query_type", "sql") != "sql":
-            errors["query_type"] = "must be 'sql'"
-        if errors:
-            raise bad_request("invalid_body", "invalid query", errors=errors)
         described: dict[str, Any] = {"author": author}
         if columns:
             described["columns"] = columns
@@ -136,11 +152,11 @@ class Queries:
             return None
         limit = self._settings.cache_max_ttl
         if isinstance(ttl, bool) or not isinstance(ttl, int) or not 0 <= ttl <= limit:
-            raise bad_request("invalid_body", f"cache_ttl must be an integer from 0 to {limit} seconds",
-                              errors={"cache_ttl": f"must be an integer from 0 to {limit}"})
+            # The message names the unit; ``errors`` has said it without, since QueryAPIGate's form.
+            raise invalid_field("cache_ttl", Problem(f"must be an integer from 0 to {limit}",
+                                                     f"cache_ttl must be an integer from 0 to {limit} seconds"))
         if ttl and kind != "read":
-            raise bad_request("invalid_body", "cache_ttl applies to reads only: this statement writes",
-                              errors={"cache_ttl": "is for reads only"})
+            raise invalid_field("cache_ttl", _READS_ONLY)
         return ttl
 
     def _analyze(self, connection: Connection, statement: sql.Statement) -> Analysis:
@@ -184,7 +200,7 @@ class Queries:
     def add_version(self, name: str, body: dict) -> dict:
         body = dict(body)
         if body.setdefault("name", name) != name:
-            raise bad_request("invalid_body", "the body's name differs from the URL's", errors={"name": "must match"})
+            raise invalid_field("name", _NAME_DIFFERS)
         with self._changes.cursor() as cur:
             self._row(cur, name)      # a missing query answers 404 before any analysis
 
@@ -209,9 +225,7 @@ class Queries:
             query = self._row(cur, name, lock=True)
             if version is None:
                 version = store.last_version(cur, query["id"])
-            if isinstance(version, bool) or not isinstance(version, int):
-                raise bad_request("invalid_body", "version must be an integer",
-                                  errors={"version": "must be an integer"})
+            PUBLISH.check({"version": version})
             if not store.mark_published(cur, query["id"], version):
                 raise not_found("version_not_found", f"query '{name}' has no version {version}")
             store.serve_version(cur, query["id"], version)
@@ -222,7 +236,7 @@ class Queries:
         that changes in place (QueryAPIGate's rule); its cached answers go with the change."""
         require_fields(body, {"cache_ttl"})
         if "cache_ttl" not in body:
-            raise bad_request("invalid_body", "cache_ttl is required", errors={"cache_ttl": "is required"})
+            raise invalid_field("cache_ttl", REQUIRED)
         with self._changes.change("set_cache_ttl", "query", name) as cur:
             query = self._row(cur, name, lock=True)
             row = next((v for v in store.versions_of(cur, query["id"]) if v["version"] == version), None)

@@ -35,8 +35,11 @@ Integration notes (for whoever wires it into the gateway):
   ``write_not_allowed`` and ``invalid_body`` are reused.
 """
 from .analysis import DEFAULT_DENIED, Analysis, OutputColumn, analyze, denied_matcher
+from .call_plan import CallPlan
 from .codes import CODES
-from .grants import ACTIONS, CallPlan, Grants, MaskRule, compile_masks, mask_value, plan
+from .grants import Grants
+from .masks import ACTIONS, MaskRule, compile_masks, mask_value
+from .planning import plan
 from .schema import Schema, load_schema, qname, split_qname
 
 __all__ = ["analyze", "Analysis", "OutputColumn", "Schema", "load_schema", "DEFAULT_DENIED", "denied_matcher",

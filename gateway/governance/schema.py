@@ -8,7 +8,7 @@ lower case before it is looked up; a quoted one is not). A relation is written
 
 A view (or materialized view) is a relation of its own: its columns are the view's, and
 lineage stops there. Masking a view's underlying table is *not* resolved through the
-view, so :func:`gateway.governance.grants.plan` refuses a key with masks that reads a
+view, so :func:`gateway.governance.planning.plan` refuses a key with masks that reads a
 view no rule names (and ``allowed_tables`` must list the view itself).
 """
 from __future__ import annotations
@@ -109,7 +109,7 @@ def split_qname(text: str) -> tuple[str, ...]:
 def kinship(schema: Schema) -> Trees:
     """Each table of an inheritance or partition tree -> its ancestors (its rows are theirs)
     and its descendants (their rows are its own), as the schema is now. The planner matches a
-    key's mask rules through it at call time (``gateway.governance.grants.plan``), so a
+    key's mask rules through it at call time (``gateway.governance.planning.plan``), so a
     partition or child added after a query was saved is masked when the parent is read."""
     kin: dict[tuple[str, str], set[tuple[str, str]]] = {}
     for child, ancestors in schema.parents.items():

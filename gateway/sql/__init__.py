@@ -9,9 +9,9 @@ from .reader import (
     placeholders,
     read,
     read_positional,
-    shape,
     write_op,
 )
+from .trees import shape
 
 __all__ = ["Statement", "Template", "literal", "read", "read_positional", "paged", "placeholders", "parse_tree",
            "shape", "write_op", "MAX_SQL", "MAX_DEPTH"]

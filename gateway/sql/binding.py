@@ -13,7 +13,8 @@ from datetime import date, datetime
 from typing import Any
 
 from ..errors import GatewayError, bad_request
-from .reader import Statement, alike, parse_tree, shape
+from .reader import Statement, parse_tree
+from .trees import alike, shape
 
 _INT4 = (-(2 ** 31), 2 ** 31 - 1)
 _INT8 = (-(2 ** 63), 2 ** 63 - 1)

@@ -15,14 +15,14 @@ text exactly as it is read here.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import orjson
 from pglast import parser as pg
 
 from ..errors import GatewayError, bad_request
+from .trees import alike, calls, contains, param_locations, relations
 
 MAX_SQL = 100_000
 # Deeper nesting than this is refused before any recursive reader sees it: no real query
@@ -38,6 +38,13 @@ _WRITE_KEYS = frozenset(_WRITES)
 # A row lock (FOR UPDATE, FOR NO KEY UPDATE, FOR SHARE, FOR KEY SHARE) anywhere in a statement:
 # a side effect on other sessions, whatever the statement's kind.
 _LOCKS = frozenset(("LockingClause",))
+
+# Refusals of more than one place (the analysis, ``gateway.governance.analysis``, words its own alike).
+TOO_DEEP = "the statement is nested too deeply to analyse"
+ROW_LOCKS = "row locks (FOR UPDATE / FOR SHARE) are not allowed"
+SELECT_INTO = "SELECT ... INTO creates a table and is not allowed"
+_ONE_STATEMENT = "exactly one statement is allowed"
+_NESTED_WRITE = "data-modifying statements inside a statement are not allowed"
 
 
 def _invalid(message: str) -> GatewayError:
@@ -149,13 +156,20 @@ def read_positional(text: str, order: tuple[str, ...] = (), offsets: tuple[int, 
             raise _invalid("a malformed positional parameter")
     tree = _parse_one(text)
     node, body = next(iter(tree.items()))
-    found = sorted(_param_locations(tree))
+    found = sorted(param_locations(tree))
     wanted = sorted(_byte_offsets(text, offsets))
     if found != wanted:
         raise _failed("the statement's placeholders are not where PostgreSQL reads parameters")
     kind = _kind(node, body)
-    return Statement(text, order, kind, node, tuple(offsets), _words(text, tokens), _calls(tree),
-                     _relations(tree), tree)
+    return Statement(text, order, kind, node, tuple(offsets), _words(text, tokens), calls(tree),
+                     relations(tree), tree)
+
+
+def _byte_offsets(text: str, offsets: Iterable[int]) -> list[int]:
+    """Character offsets as the byte offsets PostgreSQL's parser reports locations in."""
+    if text.isascii():
+        return list(offsets)
+    return [len(text[:o].encode()) for o in offsets]
 
 
 def _statement_end(tokens: Iterable[pg.Token]) -> int:
@@ -168,7 +182,7 @@ def _statement_end(tokens: Iterable[pg.Token]) -> int:
             closed = True
             continue
         if closed:
-            raise bad_request("multiple_statements", "exactly one statement is allowed")
+            raise bad_request("multiple_statements", _ONE_STATEMENT)
         end = token.end + 1
     if end == 0:
         raise _invalid("the statement is empty")
@@ -196,28 +210,28 @@ def _parse_one(text: str) -> dict:
         doc = orjson.loads(pg.parse_sql_json(text))
     except pg.ParseError as error:
         if "stack depth" in str(error.args[0]):
-            raise _failed("the statement is nested too deeply to analyse") from None
+            raise _failed(TOO_DEEP) from None
         raise _invalid(f"cannot parse the statement: {error.args[0]}") from None
     except (RecursionError, orjson.JSONDecodeError):
-        raise _failed("the statement is nested too deeply to analyse") from None
+        raise _failed(TOO_DEEP) from None
     statements = doc.get("stmts") or []
     if len(statements) != 1:
-        raise bad_request("multiple_statements", "exactly one statement is allowed")
+        raise bad_request("multiple_statements", _ONE_STATEMENT)
     return statements[0]["stmt"]
 
 
 def _kind(node: str, body: dict) -> str:
-    if _contains(body, _LOCKS):
-        raise bad_request("sql_not_allowed", "row locks (FOR UPDATE / FOR SHARE) are not allowed")
+    if contains(body, _LOCKS):
+        raise bad_request("sql_not_allowed", ROW_LOCKS)
     if node in _WRITES:
-        if _contains(body, _WRITE_KEYS):
-            raise bad_request("sql_not_allowed", "data-modifying statements inside a statement are not allowed")
+        if contains(body, _WRITE_KEYS):
+            raise bad_request("sql_not_allowed", _NESTED_WRITE)
         return "write"
     if node == "SelectStmt":
         if body.get("intoClause") is not None:
-            raise bad_request("sql_not_allowed", "SELECT ... INTO creates a table and is not allowed")
-        if _contains(body, _WRITE_KEYS):
-            raise bad_request("sql_not_allowed", "data-modifying statements inside a statement are not allowed")
+            raise bad_request("sql_not_allowed", SELECT_INTO)
+        if contains(body, _WRITE_KEYS):
+            raise bad_request("sql_not_allowed", _NESTED_WRITE)
         return "read"
     word = node[:-4] if node.endswith("Stmt") else node
     raise bad_request("sql_not_allowed", f"statement kind {word.upper()} is not allowed")
@@ -243,60 +257,6 @@ def paged(statement: Statement) -> Statement:
     if inner is None or not alike(statement.tree, inner):
         raise _failed("the statement does not stay whole inside the paging wrapper")
     return wrapped
-
-
-# --- walking the tree (iteratively: a deep tree must not exhaust the stack) ---------------
-def nodes(tree: Any) -> Iterator[dict]:
-    """Every node (dict) of a parse tree, without recursion: a deep tree must not exhaust
-    the stack."""
-    stack = [tree]
-    while stack:
-        item = stack.pop()
-        if isinstance(item, dict):
-            yield item
-            stack.extend(item.values())
-        elif isinstance(item, list):
-            stack.extend(item)
-
-
-def _contains(tree: Any, keys: frozenset) -> bool:
-    return any(not keys.isdisjoint(node) for node in nodes(tree))
-
-
-def _param_locations(tree: Any) -> list[int]:
-    return [node["ParamRef"].get("location", -1) for node in nodes(tree) if "ParamRef" in node]
-
-
-def _byte_offsets(text: str, offsets: Iterable[int]) -> list[int]:
-    if text.isascii():
-        return list(offsets)
-    return [len(text[:o].encode()) for o in offsets]
-
-
-def _names(parts: Iterable[dict]) -> list[str]:
-    return [p["String"]["sval"] for p in parts if "String" in p]
-
-
-def _calls(tree: Any) -> frozenset[str]:
-    calls = set()
-    for node in nodes(tree):
-        call = node.get("FuncCall")
-        if call is not None:
-            names = _names(call.get("funcname", ()))
-            if names:
-                calls.add(names[-1].lower())
-                calls.add(".".join(names).lower())
-    return frozenset(calls)
-
-
-def _relations(tree: Any) -> frozenset[str]:
-    found = set()
-    for node in nodes(tree):
-        rel = node.get("RangeVar")
-        if rel is not None:
-            name = rel.get("relname", "")
-            found.add(f"{rel['schemaname']}.{name}" if rel.get("schemaname") else name)
-    return frozenset(found)
 
 
 # --- words, for cross-checking another reader --------------------------------------------
@@ -326,96 +286,3 @@ def _words(text: str, tokens: Iterable[pg.Token]) -> tuple[tuple[str, str], ...]
 
 def words_of(text: str) -> tuple[tuple[str, str], ...]:
     return _words(text, _tokens(text))
-
-
-# --- shapes: the tree without source positions ---------------------------------------------
-def _position_keys() -> frozenset[str]:
-    """The fields of PostgreSQL's parse nodes that hold a position in the text (``ParseLoc``):
-    ``location`` and, since PostgreSQL 18, where an IN list or an ARRAY[...] starts and ends
-    (``rexpr_list_start``, ``list_end``, ...). They move with every literal bound before them
-    and with the paging wrapper, and say nothing about what the statement does. Read from
-    pglast's node definitions, so a parser that adds one cannot make every such statement
-    "change shape"."""
-    import inspect
-
-    from pglast import ast
-
-    keys = {"location", "stmt_location", "stmt_len"}
-    for node in vars(ast).values():
-        fields = getattr(node, "__slots__", None) if inspect.isclass(node) else None
-        if isinstance(fields, dict):
-            keys.update(k for k, kind in fields.items() if getattr(kind, "c_type", kind) == "ParseLoc")
-    return frozenset(keys)
-
-
-_POSITION_KEYS = _position_keys()
-
-
-def _position(key: str, value: Any) -> bool:
-    # Positions are integers (CreateTableSpaceStmt's "location" is a path, not a position).
-    return key in _POSITION_KEYS and type(value) is int
-
-
-def shape(tree: Any) -> Any:
-    """The tree with every source position removed: two statements with the same shape
-    differ only in layout (spaces, comments). Built without recursion: a tree may be as
-    deep as the JSON reader allows (1,024 levels), deeper than Python's stack."""
-    root: list = [None]
-    stack: list[tuple[Any, Any, Any]] = [(tree, root, 0)]
-    while stack:
-        item, into, at = stack.pop()
-        if isinstance(item, dict):
-            made: Any = {}
-            for k, v in item.items():
-                if not _position(k, v):
-                    made[k] = None
-                    stack.append((v, made, k))
-        elif isinstance(item, list):
-            made = [None] * len(item)
-            stack.extend((v, made, i) for i, v in enumerate(item))
-        else:
-            made = item
-        into[at] = made
-    return root[0]
-
-
-def alike(template: Any, tree: Any, params: Sequence[Any] | None = None) -> bool:
-    """Whether ``tree`` is ``template``, source positions aside; with ``params``, each
-    parameter ``$n`` of the template must be ``params[n-1]`` (a parse node) in the tree.
-    Compared without recursion (``==`` on nested dicts recurses in C and can raise
-    RecursionError on a deep tree)."""
-    stack: list[tuple[Any, Any]] = [(template, tree)]
-    while stack:
-        a, b = stack.pop()
-        if isinstance(a, dict):
-            if not isinstance(b, dict):
-                return False
-            param = a.get("ParamRef") if params is not None and len(a) == 1 else None
-            if isinstance(param, dict):
-                number = param.get("number")
-                if type(number) is not int or not 1 <= number <= len(params):   # type: ignore[arg-type]
-                    return False
-                stack.append((params[number - 1], b))   # type: ignore[index]
-                continue
-            keys = [k for k, v in a.items() if not _position(k, v)]
-            if len(keys) != sum(1 for k, v in b.items() if not _position(k, v)):
-                return False
-            for k in keys:
-                if k not in b:
-                    return False
-                stack.append((a[k], b[k]))
-        elif isinstance(a, list):
-            if not isinstance(b, list) or len(a) != len(b):
-                return False
-            stack.extend(zip(a, b, strict=True))
-        elif type(a) is not type(b) or a != b:
-            return False
-    return True
-
-
-def dumps(tree: Any) -> bytes:
-    return orjson.dumps(tree)
-
-
-def loads(doc: bytes | str) -> Any:
-    return orjson.loads(doc)

@@ -722,19 +722,19 @@ def test_relations_an_extension_owns_are_refused_like_catalogs():
 def test_every_relation_postgres_reads_is_one_the_analysis_resolved():
     # Defence in depth: a relation in PostgreSQL's parse tree that sqlglot's reading missed
     # (none is known today) is refused, whatever allow-lists it would have met.
-    from gateway.governance.analysis import _relations_agree
+    from gateway.governance.analysis.agree import relations_agree
     from gateway.sql import read_positional
     tree = read_positional("SELECT * FROM pg_catalog.pg_authid a, customers c, w WHERE c.id = a.oid").tree
     tree["SelectStmt"]["withClause"] = {"ctes": [{"CommonTableExpr": {"ctename": "w"}}]}
-    _relations_agree(tree, {("pg_catalog", "pg_authid"), ("public", "customers")})
+    relations_agree(tree, {("pg_catalog", "pg_authid"), ("public", "customers")})
     for tables in ({("public", "customers")}, {("pg_catalog", "pg_authid")}, {("public", "pg_authid"),
                                                                             ("public", "customers")}):
         with pytest.raises(GatewayError) as info:
-            _relations_agree(tree, tables)
+            relations_agree(tree, tables)
         assert info.value.code == "analysis_failed"
     del tree["SelectStmt"]["withClause"]
     with pytest.raises(GatewayError):
-        _relations_agree(tree, {("pg_catalog", "pg_authid"), ("public", "customers")})   # w is no CTE now
+        relations_agree(tree, {("pg_catalog", "pg_authid"), ("public", "customers")})   # w is no CTE now
     # what the analysis resolves, PostgreSQL reads: CTEs, write targets, catalogs named by the server
     for sql in ("WITH w AS (SELECT 1 AS x) SELECT * FROM w, customers", "UPDATE notes SET body = 'x' WHERE id = 1",
                 "INSERT INTO notes (body) SELECT name FROM customers", "DELETE FROM notes USING customers c",
@@ -808,5 +808,5 @@ def test_the_cross_checks_word_pattern_is_the_set_it_names(text):
     the last code point, ``$`` and digits first) included."""
     import re
 
-    from gateway.governance.analysis import _WORD_FULL
-    assert bool(_WORD_FULL.match(text)) == bool(re.match(_WORD_AS_RANGES, text))
+    from gateway.governance.analysis.agree import WORD_FULL
+    assert bool(WORD_FULL.match(text)) == bool(re.match(_WORD_AS_RANGES, text))
