@@ -12,11 +12,10 @@ import hashlib
 import hmac
 import io
 import pickle
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 if TYPE_CHECKING:
     from ..execution.runner import Result
-    from .memory import MemoryCache
 
 # What an entry costs beyond its encoded rows (the objects, the index): a rough constant.
 OVERHEAD = 256
@@ -28,6 +27,15 @@ _ALLOWED = {("datetime", n) for n in ("datetime", "date", "time", "timedelta", "
     {("decimal", "Decimal"), ("uuid", "UUID"), ("builtins", "set"), ("builtins", "frozenset"),
      ("builtins", "bytearray"), ("builtins", "complex")} | \
     {("gateway.execution.values", n) for n in ("Number", "Json", "Rendered")}   # a value's exact text, marked
+
+
+V = TypeVar("V")   # a view: what its keeper (gateway.pipeline.cached) makes of the rows
+
+
+class Owner(Protocol):
+    """What holds an entry (``memory.MemoryCache``): charged for the views the entry keeps."""
+
+    def grow(self, entry: Entry, extra: int) -> None: ...
 
 
 class Entry:
@@ -56,10 +64,10 @@ class Entry:
         self.meta = meta or {}          # connection, page, page_size: for the listing only
         # Answers rendered from the rows, ready to send (``gateway.pipeline.cached``): never shared
         # through Redis, each made here from the unmasked rows with one plan.
-        self.views: dict[object, object] = {}
-        self.owner: MemoryCache | None = None   # the memory that holds it (set by ``put``): views are charged there
+        self.views: dict[object, Any] = {}      # each of the type its keeper made
+        self.owner: Owner | None = None   # the memory that holds it (set by ``put``): views are charged there
 
-    def keep(self, key: object, view: object, size: int) -> object:
+    def keep(self, key: object, view: V, size: int) -> V:
         """The view kept under ``key`` (``view`` unless another thread kept one first; ``view``
         itself, not kept, past ``MAX_VIEWS``); its ``size`` bytes are charged to the memory that
         holds the entry."""

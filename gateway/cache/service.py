@@ -23,8 +23,10 @@ from typing import TYPE_CHECKING, Protocol
 
 from ..errors import unavailable
 from ..ports import Clock
-from . import keys
 from .entry import Entry, encode_rows
+from .keys import database, reads, views_now
+from .keys import digest as entry_digest
+from .keys import written as written_tables
 from .memory import MemoryCache, Purge
 from .ports import CacheSync, LocalCacheSync, NoSharedTier, SharedTier
 from .redeliver import RETRY_MAX_S, RETRY_S, Redelivery
@@ -119,7 +121,7 @@ class ResponseCache:
         connection's bulkhead, held by whatever does not answer from memory: its own fill, or
         its wait for another call's (a follower holds a thread on that connection as much as
         its leader), which never outlasts the call's deadline."""
-        digest = keys.digest(qv, bound, page, size, reading)
+        digest = entry_digest(qv, bound, page, size, reading)
         fresh = self._sync.fresh() or self._confirmed()
         if not bypass and fresh:
             entry = self.memory.get(digest)
@@ -150,7 +152,7 @@ class ResponseCache:
         the others wait for it (followers) at most ``follow_s``."""
         # Another worker's answer in Redis may be older than ``max_age`` allows: not asked then.
         shared = max_age is None
-        mark = self.memory.mark(qv.name, keys.database(qv.connection))
+        mark = self.memory.mark(qv.name, database(qv.connection))
         with self._lock:
             held = self._flights.get(digest)
             # A fill that began before a purge this call has seen (a write or a purge answered
@@ -204,7 +206,7 @@ class ResponseCache:
         """``shared``: ask the shared tier first (not for a bypass, which is also not a miss).
         ``mark``: the flight's, taken before anything was read (else taken here)."""
         memory = self.memory
-        db = keys.database(qv.connection)
+        db = database(qv.connection)
         if mark is None:
             mark = memory.mark(qv.name, db)    # before anything is read: a purge from now on wins over this fill
         token = None
@@ -221,7 +223,7 @@ class ResponseCache:
                 return found, "hit"
         result = compute()
         now, mono, ttl = self._wall(), self._clock(), qv.cache_ttl
-        tables, wildcard = keys.reads(qv)
+        tables, wildcard = reads(qv)
         entry = Entry(digest, qv.name, qv.version, db, tables, wildcard, result.columns,
                       result.rows, result.rowcount, now, now + ttl, mono + ttl,
                       encode_rows(result.columns, result.rows, result.rowcount),
@@ -240,14 +242,15 @@ class ResponseCache:
         the entries of every query that read a table it touched (or a parent or a partition of
         one: ``kin``, the connection's trees), before it is answered. Nothing is announced when
         no cached query reads its database."""
-        db = keys.database(connection)
+        db = database(connection)
         reading = self._reading(catalog).get(db)
         if reading is None:
             return None
         tables, any_wildcard = reading
-        touched = None if analysis is None else keys.written(analysis, kin)
-        if analysis is None or touched is None or analysis.views or analysis.user_functions \
-                or keys.views_now(tables | touched, kin):  # type: ignore[arg-type]  # touched: kin is known
+        touched = None if analysis is None else written_tables(analysis, kin)
+        # ``touched`` is None whenever ``kin`` is: the test of ``kin`` never decides, it tells the type checker.
+        if analysis is None or touched is None or kin is None or analysis.views or analysis.user_functions \
+                or views_now(tables | touched, kin):
             purge: Purge = {"op": "db", "db": db}   # through a view or a function, or the schema unknown: any table
         elif any_wildcard or not tables.isdisjoint(touched):
             purge = {"op": "tables", "db": db, "tables": sorted(touched)}
@@ -271,8 +274,8 @@ class ResponseCache:
         for query in catalog.queries.values():
             for qv in query.versions.values():
                 if qv.cache_ttl:
-                    tables, wildcard = keys.reads(qv)
-                    into = found.setdefault(keys.database(qv.connection), (set(), [False]))
+                    tables, wildcard = reads(qv)
+                    into = found.setdefault(database(qv.connection), (set(), [False]))
                     into[0].update(tables)
                     into[1][0] = into[1][0] or wildcard
         reading = {db: (frozenset(t), w[0]) for db, (t, w) in found.items()}
