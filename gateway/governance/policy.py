@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from .schema import Schema
 
 
-def analyze_under(statement: Statement, schema: Schema, settings: Settings) -> Analysis:
+def analyze_under(statement: str | Statement, schema: Schema, settings: Settings) -> Analysis:
     """:func:`gateway.governance.analyze` with the settings' lists; raises as it does."""
     return analyze(statement, schema, settings.search_path_tuple(), denied_functions=_denied(settings),
                    allowed_functions=settings.allowed_functions(),

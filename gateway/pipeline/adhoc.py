@@ -21,6 +21,7 @@ from ..errors import GatewayError, bad_request, not_found
 from ..execution import runner
 from ..governance.policy import analyze_under
 from .args import RESERVED, CallArgs, reserved_args
+from .call import Target
 from .grants import check_connection
 
 if TYPE_CHECKING:
@@ -102,15 +103,12 @@ class AdHocStatements:
 
 
 class AdHocCall:
-    __slots__ = ("name", "version", "connection", "_read_body", "_query_args", "_statements", "_settings", "_body",
-                 "_params")
+    __slots__ = ("name", "_read_body", "_query_args", "_statements", "_settings", "_body", "_params")
     admit_before_plan = True   # its statement is read and analysed per distinct text (Pipeline.run)
 
     def __init__(self, read_body: Callable[[], dict], query_args: Mapping[str, Any], statements: AdHocStatements,
                  settings: Settings) -> None:
         self.name = "execute_sql"
-        self.version: int | None = None      # ad-hoc statements have no version
-        self.connection: Connection | None = None
         self._read_body = read_body      # reads and checks the JSON body (http's job)
         self._query_args = query_args
         self._statements = statements
@@ -118,7 +116,7 @@ class AdHocCall:
         self._body: dict = {}
         self._params: dict = {}
 
-    def resolve(self, catalog: Catalog, key: ApiKey) -> AdHocStatement:
+    def resolve(self, catalog: Catalog, key: ApiKey) -> Target[AdHocStatement]:
         # The body is read once the caller is known (a stranger's body is not parsed).
         body = self._body = self._read_body()
         unknown = set(body) - FIELDS
@@ -126,9 +124,10 @@ class AdHocCall:
             raise bad_request("invalid_body", f"unknown field(s): {', '.join(sorted(unknown))}")
         if body.get("sql") in (None, ""):   # before the grant, as QueryAPIGate checks it
             raise bad_request("sql_required", "sql is missing", errors={"sql": "is required"})
-        self.connection = self._connection(catalog, key, body.get("connection_name"))
+        connection = self._connection(catalog, key, body.get("connection_name"))
         self._params = self._checked_params(body.get("params"))
-        return self._statements.get(self.connection, body.get("sql"))
+        # No version to record, and never cached.
+        return Target(self._statements.get(connection, body.get("sql")), connection, None)
 
     @staticmethod
     def _connection(catalog: Catalog, key: ApiKey, name: object) -> Connection:

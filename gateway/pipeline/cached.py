@@ -62,15 +62,15 @@ class _Page:
 
 def view_of(entry: Entry, args: CallArgs, size: int, plan: CallPlan) -> View:
     key = (args.fmt, None if plan.identity else plan)
-    view = entry.views.get(key)
+    view: View | None = entry.views.get(key)
     if view is None:
         page = _Page()
-        rows = send_page(page, args, size, plan, entry.result, False)  # type: ignore[arg-type]  # duck-typed
+        rows = send_page(page, args, size, plan, entry.result, False)
         body = page.data or b""
         etag = '"' + hashlib.blake2b(body, digest_size=12).hexdigest() + '"'
         made = View(body, page.content_type, (*page.headers, ("ETag", etag)), etag, rows)
         view = entry.keep(key, made, len(body) + OVERHEAD)
-    return view  # type: ignore[return-value]  # entry.views holds Views only
+    return view
 
 
 def cache_headers(entry: Entry, state: str, now: float) -> tuple[tuple[str, str], ...]:

@@ -10,31 +10,31 @@ hit costs 59 us against 114 (docs/bench/2026-12-01-cache-3.md: 1.95x the through
 What: a hit through the pipeline (``Pipeline.run``) is *learned* under its request exactly as
 it arrived: its target, every header field but ``X-API-Key`` (in order, as sent), the peer's
 address, and the key's secret only as Python's ``hash`` of it (``request``). The same request
-again is *answered* (``__call__``) with what the pipeline would answer, re-deciding every part
-that can change between two such calls:
+again is *answered* (``__call__``) with what the pipeline would answer, by the same stages'
+functions on what can change between two such calls; what cannot is the learned call's:
 
-=================  =======================================================================
-pipeline stage     here, per call
-=================  =======================================================================
-1 identify         ``identify`` itself, on the secret sent, against the catalog snapshot
-                   the call was learned under, which must still be this worker's and fresh
-                   (``CatalogHolder.fresh``): a key revoked, disabled, narrowed or expired
-                   (a new snapshot, or ``identify``'s own clock checks) is not answered here
-2 admit            learned only for a key whose admission never needs shared state
-                   (``Admission.local``: no rate limit, quota, ``max_concurrent``, or
-                   per-client limit): nothing to count
-3 plan             the same snapshot, key and schema trees (``SchemaCache.kin``, the same
-                   object while unchanged): the plan, and so its masks and ``max_rows``, is
-                   the one the learned call was answered with
-4 bind, cache      the same target: the same values, so the same entry; that entry must still
-                   be held, not purged or refilled since, and fresh a while longer, while the
-                   cache's bus keeps this worker fresh (``ResponseCache.replayed``, which
-                   counts the hit as ``answer`` does)
-6 shape            the learned view (the body this plan makes of the entry); ``If-None-Match``
-                   is a header, so its 200 or 304 is the learned one; the freshness headers
-                   are made now (``cached.cache_headers``)
-7 record           ``Admission.settle`` and the history's record, as ``Pipeline.run`` does
-=================  =======================================================================
+=============  ===========================================================================
+stage          here, per call
+=============  ===========================================================================
+admit          learned only for a key whose admission never needs shared state
+               (``Admission.local``: no rate limit, quota, ``max_concurrent``, or
+               per-client limit): nothing to count or hold
+identify       ``identify`` itself, on the secret sent, against the catalog snapshot the
+               call was learned under, which must still be this worker's and fresh
+               (``CatalogHolder.fresh``): a key revoked, disabled, narrowed or expired (a
+               new snapshot, or ``identify``'s own clock checks) is not answered here
+plan           the same snapshot, key and schema trees (``plans.kin_of``, the same object
+               while unchanged): the plan, and so its masks and ``max_rows``, is the one the
+               learned call was answered with
+bind           the same target: the same values, so the same entry
+cache          that entry must still be held, not purged or refilled since, and fresh a while
+               longer, while the cache's bus keeps this worker fresh
+               (``ResponseCache.replayed``, which counts the hit as ``answer`` does)
+shape          the learned view (the body this plan makes of the entry); ``If-None-Match`` is
+               a header, so its 200 or 304 is the learned one; the freshness headers are
+               made now (``cached.cache_headers``)
+record         ``record.Recorder.answered``, as ``Pipeline.run`` records
+=============  ===========================================================================
 
 then the headers Falcon and the middleware add (``content-type``, ``x-request-id`` (a new
 id), ``content-length``), in Falcon's order: tests/pipeline/test_from_memory.py holds the
@@ -58,16 +58,18 @@ from ..errors import GatewayError
 from ..request_ids import new_request_id
 from .cached import cache_headers
 from .identify import identify
+from .plans import kin_of
+from .record import Recorder
 
 if TYPE_CHECKING:
     from ..cache import Entry, ResponseCache
-    from ..governance.schema import Kin
     from ..governance.schema_cache import SchemaCache
-    from ..model.catalog import ApiKey, Catalog, Connection
+    from ..model.catalog import Catalog
     from ..model.state import CatalogHolder
     from ..ports import Admission
     from ..store.history import HistoryWriter
     from .cached import View
+    from .call import Call, Planned
     from .identify import AdminIdentity
 
 MAX_LEARNED = 10_000
@@ -88,23 +90,23 @@ class Answer(NamedTuple):
 
 
 class _Learned:
-    """A call answered from the cache by the pipeline, and what its answer was made of."""
+    """A call answered from the cache by the pipeline: what its stages decided that a replay
+    checks or records again, and what its answer was made of."""
 
-    __slots__ = ("catalog", "key", "ip", "connection", "kin", "entry", "view", "status", "name", "version", "rows",
+    __slots__ = ("catalog", "key", "ip", "connection", "kin", "name", "version", "entry", "view", "status", "rows",
                  "view_headers", "content_type")
 
-    def __init__(self, catalog: Catalog, key: ApiKey, ip: str, connection: Connection, kin: Kin | None,
-                 entry: Entry, view: View, status: int, name: str, version: int | None) -> None:
-        self.catalog = catalog
-        self.key = key
-        self.ip = ip                        # the client address the pipeline identified it from
-        self.connection = connection
-        self.kin = kin
+    def __init__(self, call: Call, planned: Planned, entry: Entry, view: View, status: int) -> None:
+        self.catalog = planned.catalog
+        self.key = planned.key
+        self.ip = call.ip                   # the client address the pipeline identified it from
+        self.connection = planned.target.connection
+        self.kin = planned.kin
+        self.name = call.name
+        self.version = call.version
         self.entry = weakref.ref(entry)
         self.view = weakref.ref(view)       # the entry holds it (``Entry.views``)
         self.status = status
-        self.name = name
-        self.version = version
         self.rows = view.rows if status == 200 else 0
         self.view_headers = tuple((name.lower(), value) for name, value in view.headers)
         # A 304 carries no content and no type (``send_cached``); Falcon's default type otherwise.
@@ -112,7 +114,7 @@ class _Learned:
 
 
 class FromMemory:
-    __slots__ = ("_learned", "_catalog", "_holder", "_cache", "_admission", "_history", "_schemas", "_admin",
+    __slots__ = ("_learned", "_catalog", "_holder", "_cache", "_admission", "_recorder", "_schemas", "_admin",
                  "answered")
 
     def __init__(self, holder: CatalogHolder, cache: ResponseCache, admission: Admission, history: HistoryWriter,
@@ -122,7 +124,7 @@ class FromMemory:
         self._holder = holder
         self._cache = cache
         self._admission = admission
-        self._history = history
+        self._recorder = Recorder(history, admission)
         self._schemas = schemas
         self._admin = admin
         self.answered = 0   # the calls answered here (/metrics: gateway_loop_answers_total)
@@ -133,16 +135,16 @@ class FromMemory:
         fields as received, the peer's address and (only as a hash) the key's secret."""
         return target, fields, peer, hash(secret)
 
-    def learn(self, request: tuple, catalog: Catalog, key: ApiKey, ip: str, connection: Connection,
-              kin: Kin | None, entry: Entry, view: View, status: int, name: str, version: int | None) -> None:
-        """The pipeline answered ``request`` from the cache ``entry`` with this view and status."""
-        if not self._admission.local(key) or status not in STATUS_LINES:
+    def learn(self, request: tuple, call: Call, planned: Planned, entry: Entry, view: View, status: int) -> None:
+        """The pipeline answered ``request`` (``call``, planned so) from the cache ``entry`` with
+        this view and status."""
+        if not self._admission.local(planned.key) or status not in STATUS_LINES:
             return
         learned = self._learned
-        if catalog is not self._catalog or (len(learned) >= MAX_LEARNED and request not in learned):
+        if planned.catalog is not self._catalog or (len(learned) >= MAX_LEARNED and request not in learned):
             learned.clear()
-            self._catalog = catalog
-        learned[request] = _Learned(catalog, key, ip, connection, kin, entry, view, status, name, version)
+            self._catalog = planned.catalog
+        learned[request] = _Learned(call, planned, entry, view, status)
 
     def __call__(self, target: str, fields: tuple, peer: str, secret: str | None) -> Answer | None:
         started = time.perf_counter()
@@ -153,27 +155,23 @@ class FromMemory:
         if catalog is not learned.catalog:
             return None
         try:
-            key = identify(secret, catalog, self._admin, ip=learned.ip)              # 1 identify
+            key = identify(secret, catalog, self._admin, ip=learned.ip)                    # identify
         except GatewayError:
             return None   # the pipeline refuses it, with its answer
-        schemas = self._schemas
-        if key is not learned.key or (schemas is not None and schemas.kin(learned.connection) is not learned.kin):
-            return None                                                               # 3 plan
+        if key is not learned.key or kin_of(self._schemas, learned.connection) is not learned.kin:
+            return None                                                                     # plan
         entry, view = learned.entry(), learned.view()
-        if entry is None or view is None or not self._cache.replayed(entry):         # 4 cache
+        if entry is None or view is None or not self._cache.replayed(entry):               # cache
             return None
         request_id = new_request_id()
-        headers = [*learned.view_headers, *cache_headers(entry, "hit", time.time())]  # 6 shape
+        headers = [*learned.view_headers, *cache_headers(entry, "hit", time.time())]        # shape
         if learned.content_type is not None:
             headers.append(("content-type", learned.content_type))
         headers.append(("x-request-id", request_id))
         body = view.body if learned.status == 200 else b""
         if learned.status == 200:
             headers.append(("content-length", str(len(body))))
-        rows = learned.rows
-        if rows:
-            self._admission.settle(key, rows)                                         # 7 record
-        self._history.record(request_id, key.id, learned.name, learned.version, learned.status, None, rows,
-                             (time.perf_counter() - started) * 1000, True)
+        self._recorder.answered(request_id, started, key, learned.name, learned.version, learned.status,
+                                learned.rows)                                               # record
         self.answered += 1
         return Answer(STATUS_LINES[learned.status], headers, body)

@@ -6,7 +6,7 @@ and plans never disagree."""
 from __future__ import annotations
 
 import hashlib
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Protocol
 
 import orjson
 
@@ -17,38 +17,79 @@ from ..governance.schema import split_qname
 
 if TYPE_CHECKING:
     from ..governance.schema import Kin
-    from ..model.catalog import ApiKey, Catalog, QueryVersion
+    from ..governance.schema_cache import SchemaCache
+    from ..model.catalog import ApiKey, Catalog, Connection, QueryVersion
     from ..settings import Settings
-    from .adhoc import AdHocStatement
+
+# A refusal kept in a memo: (status, code, message, extra, headers) of the GatewayError raised
+# anew each time (one exception raised twice would grow its traceback).
+Refusal = tuple[int, str, str, dict | None, dict | None]
 
 
-def plan_for(catalog: Catalog, key: ApiKey, subject: QueryVersion | AdHocStatement, settings: Settings,
-             mask_key: bytes, kin: Kin | None = None) -> governance.CallPlan:
+class Subject(Protocol):
+    """What a plan is made from: a saved query's version (``model.catalog.QueryVersion``) or an
+    ad-hoc statement (``adhoc.AdHocStatement``)."""
+
+    @property
+    def plan_id(self) -> str: ...       # what the key's plan is memoised by
+
+    @property
+    def kind(self) -> str: ...          # "read" or "write"
+
+    @property
+    def analysis(self) -> governance.Analysis | None: ...
+
+    @property
+    def masks(self) -> Any: ...         # the query's own masks (an ad-hoc statement has none)
+
+
+def kin_of(schemas: SchemaCache | None, connection: Connection) -> Kin | None:
+    """The connection's inheritance and partition trees a plan is made under, as the worker
+    last read them (``SchemaCache.kin``: the same object while they are unchanged); None
+    without a schema cache, or before its first read."""
+    return None if schemas is None else schemas.kin(connection)
+
+
+def plan_for(catalog: Catalog, key: ApiKey, subject: Subject, settings: Settings, mask_key: bytes,
+             kin: Kin | None = None) -> governance.CallPlan:
     """``subject``: a saved query version or an ad-hoc statement (``plan_id``, ``analysis``,
     ``masks``). ``kin``: the connection's inheritance and partition trees as the worker last
     read them (``SchemaCache.kin``); a plan made with other trees is made again (one identity
     test: the cache keeps the same object while the trees are unchanged)."""
-    memo = catalog.plans.get(key.id)
+    memo: dict[str, tuple[Kin | None, governance.CallPlan | Refusal]] | None = catalog.plans.get(key.id)
     if memo is None:
         memo = catalog.plans.setdefault(key.id, {})
     held = memo.get(subject.plan_id)
-    got: governance.CallPlan | tuple | None = held[1] if held is not None and held[0] is kin else None
-    if got is None:
-        try:
-            analysis = _analysis(subject, settings, kin)
-            # Saved under another gateway's settings, perhaps: planned under this one's.
-            refused_now(analysis, settings)
-            grants = key.governance
-            if key.query_governance is not None:   # a per-query write grant (the memo is per statement)
-                grants = key.query_governance.get(getattr(subject, "name", ""), grants)
-            got = governance.plan(analysis, grants, subject.masks, hash_key=mask_key,
-                                  server_allows_writes=settings.allow_writes, kin=kin)
-        except GatewayError as exc:
-            got = (exc.status, exc.code, exc.message, exc.extra, exc.headers)
-        memo[subject.plan_id] = (kin, got)
-    if type(got) is tuple:  # a fresh exception each time: one raised twice would grow its traceback
-        raise GatewayError(got[0], got[1], got[2], extra=got[3], headers=got[4])
-    return got  # type: ignore[return-value]  # not a tuple: a plan
+    if held is None or held[0] is not kin:
+        held = memo[subject.plan_id] = (kin, _planned(key, subject, settings, mask_key, kin))
+    got = held[1]
+    if isinstance(got, tuple):
+        raise raised(got)
+    return got
+
+
+def _planned(key: ApiKey, subject: Subject, settings: Settings, mask_key: bytes,
+             kin: Kin | None) -> governance.CallPlan | Refusal:
+    """The key's plan for ``subject``, or the refusal to keep."""
+    try:
+        analysis = _analysis(subject, settings, kin)
+        # Saved under another gateway's settings, perhaps: planned under this one's.
+        refused_now(analysis, settings)
+        grants = key.governance
+        if key.query_governance is not None:   # a per-query write grant (the memo is per statement)
+            grants = key.query_governance.get(getattr(subject, "name", ""), grants)
+        return governance.plan(analysis, grants, subject.masks, hash_key=mask_key,
+                               server_allows_writes=settings.allow_writes, kin=kin)
+    except GatewayError as exc:
+        return kept(exc)
+
+
+def kept(exc: GatewayError) -> Refusal:
+    return (exc.status, exc.code, exc.message, exc.extra, exc.headers)
+
+
+def raised(refusal: Refusal) -> GatewayError:
+    return GatewayError(refusal[0], refusal[1], refusal[2], extra=refusal[3], headers=refusal[4])
 
 
 def reading(subject: QueryVersion, settings: Settings, kin: Kin | None) -> str | None:
@@ -65,14 +106,20 @@ def reading(subject: QueryVersion, settings: Settings, kin: Kin | None) -> str |
     got = kin.readings.get(subject.plan_id)
     if got is None:
         analysis = _analysis(subject, settings, kin)
-        tables = {table: kin.get(split_qname(table)) for table in analysis.tables}  # type: ignore[arg-type]
+        tables = {table: kin.get(_pair(table)) for table in analysis.tables}
         views = sorted(t for t in analysis.tables if split_qname(t) in kin.views)
         doc = orjson.dumps([analysis.to_doc(), tables, views], option=orjson.OPT_SORT_KEYS)
         got = kin.readings[subject.plan_id] = hashlib.blake2b(doc, digest_size=16).hexdigest()
     return got
 
 
-def _analysis(subject: QueryVersion | AdHocStatement, settings: Settings, kin: Kin | None) -> governance.Analysis:
+def _pair(table: str) -> tuple[str, str]:
+    """A table's (schema, name), as ``Kin`` knows it; a name of another shape is in no tree."""
+    parts = split_qname(table)
+    return (parts[0], parts[1]) if len(parts) == 2 else ("", table)
+
+
+def _analysis(subject: Subject, settings: Settings, kin: Kin | None) -> governance.Analysis:
     """The analysis a plan is made from: the stored one, or a saved version's statement
     analysed again under ``kin``."""
     analysis = subject.analysis
@@ -85,11 +132,12 @@ def _analysis(subject: QueryVersion | AdHocStatement, settings: Settings, kin: K
     # knows less than the stored analysis did.
     if kin is not None and kin.schema is not None and positional \
             and kin.read_at >= getattr(subject, "saved_at", 0.0):
-        analysis = _analysis_now(subject.plan_id, positional, kin, settings)
+        analysis = _analysis_now(subject.plan_id, positional, kin, kin.schema, settings)
     return analysis
 
 
-def _analysis_now(plan_id: str, positional: str, kin: Kin, settings: Settings) -> governance.Analysis:
+def _analysis_now(plan_id: str, positional: str, kin: Kin, schema: governance.Schema,
+                  settings: Settings) -> governance.Analysis:
     """A saved version's statement analysed again against the schema as the worker last read
     it, once per version while that schema is unchanged (kept on ``kin``): the stored analysis
     knows the schema of the save, and PostgreSQL resolves names against today's (a column
@@ -98,10 +146,11 @@ def _analysis_now(plan_id: str, positional: str, kin: Kin, settings: Settings) -
     got = kin.analyses.get(plan_id)
     if got is None:
         try:
-            got = analyze_under(positional, kin.schema, settings)  # type: ignore[arg-type]  # checked by the caller
+            got = analyze_under(positional, schema, settings)
         except GatewayError as exc:
-            got = (exc.status, exc.code, exc.message, exc.extra, exc.headers)
+            got = kept(exc)
         kin.analyses[plan_id] = got
-    if type(got) is tuple:
-        raise GatewayError(got[0], got[1], got[2], extra=got[3], headers=got[4])
-    return got  # type: ignore[return-value]  # not a tuple: an analysis
+    if isinstance(got, governance.Analysis):
+        return got
+    assert type(got) is tuple   # the only other thing kept there: a refusal
+    raise raised(got)

@@ -9,17 +9,17 @@ from typing import TYPE_CHECKING, Any
 from ..errors import bad_request, forbidden, not_found
 from ..execution import runner
 from .args import CallArgs, positive_int
+from .call import Target
 from .grants import check_active
 
 if TYPE_CHECKING:
     from ..execution.pool import SessionPool
-    from ..model.catalog import ApiKey, Catalog, Connection, QueryVersion
+    from ..model.catalog import ApiKey, Catalog, QueryVersion
     from ..settings import Settings
 
 
 class SavedCall:
-    __slots__ = ("name", "version", "connection", "_params", "_reserved", "_from_text", "_settings", "_defaults",
-                 "_arguments")
+    __slots__ = ("name", "_params", "_reserved", "_from_text", "_settings", "_defaults", "_arguments")
     admit_before_plan = False   # a saved version was analysed when it was saved
 
     def __init__(self, name: str, params: Mapping[str, Any], reserved: dict, from_text: bool, settings: Settings,
@@ -27,8 +27,6 @@ class SavedCall:
         """``arguments``: where ``params`` and ``reserved`` come from a request body (a POST),
         what reads them (http's job), called once the caller is known, before anything else."""
         self.name = name
-        self.version: int | None = None
-        self.connection: Connection | None = None
         self._params = params
         self._reserved = reserved
         self._from_text = from_text      # query-string text (parsed strictly) or typed JSON values
@@ -36,7 +34,7 @@ class SavedCall:
         self._defaults = defaults        # most calls pass no reserved argument: parsed once
         self._arguments = arguments
 
-    def resolve(self, catalog: Catalog, key: ApiKey) -> QueryVersion:
+    def resolve(self, catalog: Catalog, key: ApiKey) -> Target[QueryVersion]:
         if self._arguments is not None:   # the body is read once the caller is known (a stranger's is not)
             self._params, self._reserved = self._arguments()
         query = catalog.queries.get(self.name)
@@ -71,9 +69,7 @@ class SavedCall:
                                   f"'{connection.name}' only", errors={"connection_name": "must be the query's own"})
         if not connection.active:
             check_active(connection)   # raises: the rule and its answer stay in grants.py
-        self.connection = connection
-        self.version = qv.version
-        return qv
+        return Target(qv, connection, qv.version, qv if qv.cache_ttl else None)
 
     def call_args(self) -> CallArgs:
         return CallArgs(self._reserved, self._settings) if self._reserved else self._defaults

@@ -4,7 +4,7 @@ its batches charged to the quota as it is sent."""
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from ..execution.formats import CONTENT_TYPES, render, stream_chunks
 
@@ -16,7 +16,16 @@ if TYPE_CHECKING:
     from .args import CallArgs
 
 
-def send_page(resp: falcon.Response, args: CallArgs, size: int, plan: CallPlan, result: Result, write: bool) -> int:
+class Page(Protocol):
+    """Where a page is written: a Falcon response, or what ``cached.view_of`` keeps of it."""
+
+    data: bytes | None
+    content_type: str | None
+
+    def set_header(self, name: str, value: str) -> None: ...
+
+
+def send_page(resp: Page, args: CallArgs, size: int, plan: CallPlan, result: Result, write: bool) -> int:
     """One page of a result, masked, in the asked format, with the paging headers; returns
     the rows sent. (``result.rows`` holds up to size + 1 rows: the extra one only tells
     that there is more.)"""
