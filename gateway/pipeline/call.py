@@ -17,9 +17,9 @@ in exactly one place.
     shape     masks, format, paging headers, or a metered stream              (shape.py)
     record    the limits' headers; rows settled on the quota; one append to the history (record.py)
 
-Each stage takes typed values and returns one (``Target``, ``Planned``, ``Bound``,
-``Scheduled``); the ``Call`` record holds what the end of the call reads whatever happened: who
-called, whether the key was charged, the place to give back, the version to record.
+The stages fill in one typed record of the call (``Call``), each its own fields, read by the
+stages after it; the end of the call reads it whatever happened: who called, whether the key
+was charged, the place to give back, the version to record.
 
 An entry point (``saved.SavedCall``, ``adhoc.AdHocCall``) supplies only what differs:
 ``resolve(catalog, key)`` (what runs, checking its grants), ``call_args()``, ``bind()``,
@@ -31,8 +31,8 @@ from __future__ import annotations
 
 import functools
 import time
-from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Generic, NamedTuple, Protocol, TypeVar
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Generic, Protocol, TypeVar
 
 from ..execution import runner
 from ..execution.bulkhead import Claim
@@ -81,38 +81,23 @@ class Target(Generic[S]):
         self.cacheable = cacheable     # the version the response cache answers (a saved read with a cache_ttl)
 
 
-class Planned(Generic[S]):
-    """What the key gets from the target under this catalog snapshot and these schema trees."""
-
-    __slots__ = ("catalog", "key", "target", "kin", "plan")
-
-    def __init__(self, catalog: Catalog, key: ApiKey, target: Target[S], kin: Kin | None, plan: CallPlan) -> None:
-        self.catalog = catalog
-        self.key = key
-        self.target = target
-        self.kin = kin      # the connection's inheritance and partition trees the plan was made under
-        self.plan = plan
-
-
-class Bound(NamedTuple, Generic[S, V]):
-    planned: Planned[S]
-    args: CallArgs        # the reserved arguments (format, paging, timeout, stream, cache)
-    values: V             # the statement's parameters, typed and checked
-    size: int             # the page's size: the one asked, at most the plan's max_rows
-
-
-class Scheduled(NamedTuple, Generic[S, V]):
-    bound: Bound[S, V]
-    pool: SessionPool     # the connection's sessions for the statement's access mode
-    claim: Claim          # the call's place on the connection's bulkhead, under its deadline
-
-
-class Call:
-    """The record of one call: what its request brought, and what each stage decided that the
-    end of the call reads, answered or refused."""
+class Call(Generic[S, V]):
+    """The record of one call: what its request brought, then what each stage decided, in the
+    order they run. The end of the call reads ``key``, ``admitted``, ``place`` and ``version``
+    whatever happened; every other field is set by its stage before a later one reads it."""
 
     __slots__ = ("name", "request_id", "ip", "if_none_match", "replay", "safe", "arrived", "started", "limits",
-                 "key", "version", "admitted", "place")
+                 "key", "admitted", "place", "catalog", "target", "version", "kin", "plan", "args", "values", "size",
+                 "pool", "claim")
+    catalog: Catalog          # identify: the snapshot the call is identified and planned under
+    target: Target[S]         # plan
+    kin: Kin | None           # plan: the connection's inheritance and partition trees the plan was made under
+    plan: CallPlan            # plan
+    args: CallArgs            # bind: the reserved arguments (format, paging, timeout, stream, cache)
+    values: V                 # bind: the statement's parameters, typed and checked
+    size: int                 # bind: the page's size, the one asked but at most the plan's max_rows
+    pool: SessionPool         # schedule: the connection's sessions for the statement's access mode
+    claim: Claim              # schedule: the call's place on the connection's bulkhead, under its deadline
 
     def __init__(self, name: str, request_id: str, ip: str, if_none_match: str | None, replay: tuple | None,
                  safe: bool, arrived: float | None) -> None:
@@ -124,18 +109,18 @@ class Call:
         self.replay = replay            # the request as from_memory names it, when the server may ask again
         self.safe = safe                # a GET (If-None-Match answers it 304), not a POST (412)
         self.arrived = time.monotonic() if arrived is None else arrived
-        self.limits: Headers = NO_HEADERS   # the rate limits' and quotas' headers, for the answer
+        self.limits: Headers = NO_HEADERS   # admit: the rate limits' and quotas' headers, for the answer
         self.key: ApiKey | None = None      # identify
-        self.version: int | None = None     # plan: the version that runs, for the history
-        self.admitted = False   # past admission: the key's quota was charged, whatever happens next
-        # One of the key's max_concurrent places, given back at the end (or by a stream, when it ends).
+        self.admitted = False   # admit: the key's quota was charged, whatever happens next
+        # admit: one of the key's max_concurrent places, given back at the end (or by a stream, when it ends)
         self.place: tuple[ApiKey, object] | None = None
+        self.version: int | None = None     # plan: the version that runs, for the history
 
 
 class EntryPoint(Protocol[S, V]):
     """What an entry point supplies (``saved.SavedCall``, ``adhoc.AdHocCall``); the subject of
-    the ``Target`` its ``resolve`` returns is handed back to its own ``bind``, ``page`` and
-    ``stream_text``."""
+    the ``Target`` its ``resolve`` returns, and the values its ``bind`` makes, are handed back
+    to its own ``page`` and ``stream_text``."""
 
     name: str
     admit_before_plan: bool   # whether resolve() costs CPU the caller chooses (see Pipeline.run)
@@ -155,7 +140,7 @@ class EntryPoint(Protocol[S, V]):
 class Learner(Protocol):
     """What learns the calls answered from the cache, for the server's loop (``from_memory.FromMemory``)."""
 
-    def learn(self, request: tuple, call: Call, planned: Planned, entry: Entry, view: View, status: int) -> None: ...
+    def learn(self, request: tuple, call: Call, key: ApiKey, entry: Entry, view: View, status: int) -> None: ...
 
 
 class Pipeline:
@@ -186,20 +171,22 @@ class Pipeline:
         (``If-None-Match`` answers it 304), not a POST (412). ``arrived``: ``time.monotonic()``
         when the request arrived (``gateway.http.common.arrived``; None: now), from which the
         call's timeout counts."""
-        call = Call(entry.name, request_id, ip, if_none_match, request, safe, arrived)
+        call: Call[S, V] = Call(entry.name, request_id, ip, if_none_match, request, safe, arrived)
         try:
             call.limits = self._admission.admit_ip(ip)                        # admit (the client)
-            catalog = self._holder.current()
+            catalog = call.catalog = self._holder.current()
             key = call.key = identify(secret, catalog, self._admin, ip=ip)    # identify
             if entry.admit_before_plan:   # its plan costs CPU the caller chooses: the key's limits bound it
                 self._admit(call, key)                                        # admit (the key)
-            planned = self._plan(call, entry, catalog, key)                   # plan
+            self._plan(call, entry, catalog, key)                             # plan
             if not entry.admit_before_plan:   # after the plan: a call its plan refuses is not charged
                 self._admit(call, key)                                        # admit (the key)
-            bound = self._bind(entry, planned)                                # bind
-            scheduled = self._schedule(call, bound)                           # schedule
-            status, rows = self._answer(resp, call, entry, scheduled)         # cache, execute, shape
-            self._record(resp, call, key, status, rows)                       # record
+            self._bind(call, entry)                                           # bind
+            self._schedule(call)                                              # schedule
+            status, rows = self._answer(resp, call, entry, key)               # cache, execute, shape
+            for header, value in call.limits:                                 # record
+                resp.set_header(header, value)
+            self._recorder.answered(call.request_id, call.started, key, call.name, call.version, status, rows)
         except Exception as exc:
             self._recorder.refused(call.request_id, call.started, call.key, call.name, call.version, exc,
                                    call.admitted)
@@ -223,94 +210,87 @@ class Pipeline:
             call.place = (key, place)
         call.admitted = True
 
-    def _plan(self, call: Call, entry: EntryPoint[S, V], catalog: Catalog, key: ApiKey) -> Planned[S]:
-        target = entry.resolve(catalog, key)
+    def _plan(self, call: Call[S, V], entry: EntryPoint[S, V], catalog: Catalog, key: ApiKey) -> None:
+        """plan: what runs, its grants checked by the entry point, and the key's plan for it
+        under the connection's schema trees as they are now."""
+        target = call.target = entry.resolve(catalog, key)
         call.version = target.version
-        kin = kin_of(self._schemas, target.connection)
-        return Planned(catalog, key, target, kin, plan_for(catalog, key, target.subject, self._settings,
-                                                           self._mask_key, kin))
+        kin = call.kin = kin_of(self._schemas, target.connection)
+        call.plan = plan_for(catalog, key, target.subject, self._settings, self._mask_key, kin)
 
     @staticmethod
-    def _bind(entry: EntryPoint[S, V], planned: Planned[S]) -> Bound[S, V]:
-        args, max_rows = entry.call_args(), planned.plan.max_rows
-        return Bound(planned, args, entry.bind(planned.target.subject),
-                     args.page_size if max_rows is None else min(args.page_size, max_rows))
+    def _bind(call: Call[S, V], entry: EntryPoint[S, V]) -> None:
+        args = call.args = entry.call_args()
+        call.values = entry.bind(call.target.subject)
+        max_rows = call.plan.max_rows
+        call.size = args.page_size if max_rows is None else min(args.page_size, max_rows)
 
-    def _schedule(self, call: Call, bound: Bound[S, V]) -> Scheduled[S, V]:
-        target, settings = bound.planned.target, self._settings
-        pool = self._pools.get(target.connection, target.subject.kind == "write")
-        deadline = Deadline(call.arrived, lower_timeout(bound.args.timeout_ms, bound.planned.plan.query_timeout,
+    def _schedule(self, call: Call) -> None:
+        target, settings = call.target, self._settings
+        call.pool = self._pools.get(target.connection, target.subject.kind == "write")
+        deadline = Deadline(call.arrived, lower_timeout(call.args.timeout_ms, call.plan.query_timeout,
                                                         settings.statement_timeout_ms), settings.statement_timeout_ms)
         deadline.check()   # waited past its timeout already (for a thread): no late answer, cached or not
-        return Scheduled(bound, pool, Claim(self._pools.bulkheads.get(target.connection), deadline))
+        call.claim = Claim(self._pools.bulkheads.get(target.connection), deadline)
 
-    def _answer(self, resp: falcon.Response, call: Call, entry: EntryPoint[S, V],
-                scheduled: Scheduled[S, V]) -> tuple[int, int | None]:
+    def _answer(self, resp: falcon.Response, call: Call[S, V], entry: EntryPoint[S, V],
+                key: ApiKey) -> tuple[int, int | None]:
         """cache or execute, then shape: (the status, the rows sent; None for a stream's)."""
-        if scheduled.bound.args.stream:
-            self._stream(resp, call, entry, scheduled)
+        if call.args.stream:
+            self._stream(resp, call, entry, key)
             return 200, None
-        qv, cache = scheduled.bound.planned.target.cacheable, self._cache
+        qv, cache = call.target.cacheable, self._cache
         if qv is not None and cache is not None:
-            return self._cached(resp, call, cache, qv, functools.partial(_page, entry, scheduled), scheduled)
-        return 200, self._execute(resp, entry, scheduled)
+            return self._cached(resp, call, entry, key, cache, qv)
+        return 200, self._execute(resp, call, entry)
 
-    def _cached(self, resp: falcon.Response, call: Call, cache: ResponseCache, qv: QueryVersion,
-                compute: Callable[[], runner.Result], scheduled: Scheduled[S, V]) -> tuple[int, int]:
-        """cache, shape: this call's entry (a miss runs ``compute`` once per entry in the worker),
+    def _cached(self, resp: falcon.Response, call: Call[S, V], entry: EntryPoint[S, V], key: ApiKey,
+                cache: ResponseCache, qv: QueryVersion) -> tuple[int, int]:
+        """cache, shape: this call's entry (a miss executes the page once per entry in the worker),
         sent with this key's plan; learned for the server's loop unless it bypassed the cache."""
-        bound = scheduled.bound
-        args, planned = bound.args, bound.planned
+        args = call.args
+
+        def compute() -> runner.Result:   # a miss
+            return _page(call, entry)
         # Keyed by what the columns are under the schema the plan was made under too: the cached
         # rows and this call's masks agree on every column.
-        held, state = cache.answer(qv, bound.values, args.page, bound.size, compute, not args.cache, args.store,
-                                   reading(qv, self._settings, planned.kin), args.max_age, claim=scheduled.claim)
-        view, status = send_cached(resp, args, bound.size, planned.plan, held, state, call.if_none_match,
-                                   safe=call.safe)
+        held, state = cache.answer(qv, call.values, args.page, call.size, compute, not args.cache, args.store,
+                                   reading(qv, self._settings, call.kin), args.max_age, claim=call.claim)
+        view, status = send_cached(resp, args, call.size, call.plan, held, state, call.if_none_match, safe=call.safe)
         if call.replay is not None and state != "bypass" and self._learner is not None:
-            self._learner.learn(call.replay, call, planned, held, view, status)
+            self._learner.learn(call.replay, call, key, held, view, status)
         return status, view.rows if status == 200 else 0
 
-    def _execute(self, resp: falcon.Response, entry: EntryPoint[S, V], scheduled: Scheduled[S, V]) -> int:
+    def _execute(self, resp: falcon.Response, call: Call[S, V], entry: EntryPoint[S, V]) -> int:
         """execute, shape: one round trip under the connection's bulkhead; a write purges the
         cached answers of what it touched, on every worker, before it is answered."""
-        bound = scheduled.bound
-        planned = bound.planned
-        with scheduled.claim:
-            result = _page(entry, scheduled)
-        target = planned.target
+        with call.claim:
+            result = _page(call, entry)
+        target = call.target
         write = target.subject.kind == "write"
-        rows = send_page(resp, bound.args, bound.size, planned.plan, result, write)
+        rows = send_page(resp, call.args, call.size, call.plan, result, write)
         if write and self._cache is not None:   # before the write is answered (see gateway.cache)
             # The catalog now, not the call's: a cached query published while the write ran may
             # have cached what it read before the write committed.
-            purged = self._cache.written(self._holder.catalog, target.connection, target.subject.analysis,
-                                         planned.kin)
+            purged = self._cache.written(self._holder.catalog, target.connection, target.subject.analysis, call.kin)
             if purged is not None:
                 resp.set_header("X-Cache-Invalidated", purge_summary(purged))
         return rows
 
-    def _stream(self, resp: falcon.Response, call: Call, entry: EntryPoint[S, V], scheduled: Scheduled[S, V]) -> None:
+    def _stream(self, resp: falcon.Response, call: Call[S, V], entry: EntryPoint[S, V], key: ApiKey) -> None:
         """execute, shape (a stream): it holds the key's max_concurrent place until its last row
         (or the client leaves), as it holds its session and its place on the connection."""
-        admission, bound = self._admission, scheduled.bound
-        planned = bound.planned
-        send_streamed(resp, entry.stream_text(planned.target.subject, bound.values), bound.args, planned.plan,
-                      scheduled.pool, scheduled.claim, self._settings.stream_fetch_rows,
-                      functools.partial(admission.take_rows, planned.key), call.request_id)
+        admission = self._admission
+        send_streamed(resp, entry.stream_text(call.target.subject, call.values), call.args, call.plan, call.pool,
+                      call.claim, self._settings.stream_fetch_rows, functools.partial(admission.take_rows, key),
+                      call.request_id)
         if call.place is not None:
             release_after(resp, functools.partial(admission.leave, *call.place))
             call.place = None
 
-    def _record(self, resp: falcon.Response, call: Call, key: ApiKey, status: int, rows: int | None) -> None:
-        for header, value in call.limits:
-            resp.set_header(header, value)
-        self._recorder.answered(call.request_id, call.started, key, call.name, call.version, status, rows)
 
-
-def _page(entry: EntryPoint[S, V], scheduled: Scheduled[S, V]) -> runner.Result:
+def _page(call: Call[S, V], entry: EntryPoint[S, V]) -> runner.Result:
     """execute: one page, one round trip on a pooled session, under what is left of the
     deadline when it starts."""
-    bound = scheduled.bound
-    return entry.page(scheduled.pool, bound.planned.target.subject, bound.values, bound.size, bound.args.page,
-                      scheduled.claim.deadline.statement_ms())
+    return entry.page(call.pool, call.target.subject, call.values, call.size, call.args.page,
+                      call.claim.deadline.statement_ms())

@@ -64,12 +64,12 @@ from .record import Recorder
 if TYPE_CHECKING:
     from ..cache import Entry, ResponseCache
     from ..governance.schema_cache import SchemaCache
-    from ..model.catalog import Catalog
+    from ..model.catalog import ApiKey, Catalog
     from ..model.state import CatalogHolder
     from ..ports import Admission
     from ..store.history import HistoryWriter
     from .cached import View
-    from .call import Call, Planned
+    from .call import Call
     from .identify import AdminIdentity
 
 MAX_LEARNED = 10_000
@@ -94,23 +94,26 @@ class _Learned:
     checks or records again, and what its answer was made of."""
 
     __slots__ = ("catalog", "key", "ip", "connection", "kin", "name", "version", "entry", "view", "status", "rows",
-                 "view_headers", "content_type")
+                 "status_line", "view_headers", "content_type", "length")
 
-    def __init__(self, call: Call, planned: Planned, entry: Entry, view: View, status: int) -> None:
-        self.catalog = planned.catalog
-        self.key = planned.key
+    def __init__(self, call: Call, key: ApiKey, entry: Entry, view: View, status: int) -> None:
+        self.catalog = call.catalog
+        self.key = key
         self.ip = call.ip                   # the client address the pipeline identified it from
-        self.connection = planned.target.connection
-        self.kin = planned.kin
+        self.connection = call.target.connection
+        self.kin = call.kin
         self.name = call.name
         self.version = call.version
         self.entry = weakref.ref(entry)
         self.view = weakref.ref(view)       # the entry holds it (``Entry.views``)
         self.status = status
         self.rows = view.rows if status == 200 else 0
+        self.status_line = STATUS_LINES[status]
         self.view_headers = tuple((name.lower(), value) for name, value in view.headers)
         # A 304 carries no content and no type (``send_cached``); Falcon's default type otherwise.
         self.content_type = None if status == 304 else (view.content_type or "application/json")
+        # The view's body never changes: its content-length is made once (a 304 has none).
+        self.length = str(len(view.body)) if status == 200 else None
 
 
 class FromMemory:
@@ -135,16 +138,16 @@ class FromMemory:
         fields as received, the peer's address and (only as a hash) the key's secret."""
         return target, fields, peer, hash(secret)
 
-    def learn(self, request: tuple, call: Call, planned: Planned, entry: Entry, view: View, status: int) -> None:
-        """The pipeline answered ``request`` (``call``, planned so) from the cache ``entry`` with
+    def learn(self, request: tuple, call: Call, key: ApiKey, entry: Entry, view: View, status: int) -> None:
+        """The pipeline answered ``request`` (``call``, of ``key``) from the cache ``entry`` with
         this view and status."""
-        if not self._admission.local(planned.key) or status not in STATUS_LINES:
+        if not self._admission.local(key) or status not in STATUS_LINES:
             return
         learned = self._learned
-        if planned.catalog is not self._catalog or (len(learned) >= MAX_LEARNED and request not in learned):
+        if call.catalog is not self._catalog or (len(learned) >= MAX_LEARNED and request not in learned):
             learned.clear()
-            self._catalog = planned.catalog
-        learned[request] = _Learned(call, planned, entry, view, status)
+            self._catalog = call.catalog
+        learned[request] = _Learned(call, key, entry, view, status)
 
     def __call__(self, target: str, fields: tuple, peer: str, secret: str | None) -> Answer | None:
         started = time.perf_counter()
@@ -168,10 +171,11 @@ class FromMemory:
         if learned.content_type is not None:
             headers.append(("content-type", learned.content_type))
         headers.append(("x-request-id", request_id))
-        body = view.body if learned.status == 200 else b""
-        if learned.status == 200:
-            headers.append(("content-length", str(len(body))))
+        body = b""
+        if learned.length is not None:
+            body = view.body
+            headers.append(("content-length", learned.length))
         self._recorder.answered(request_id, started, key, learned.name, learned.version, learned.status,
                                 learned.rows)                                               # record
         self.answered += 1
-        return Answer(STATUS_LINES[learned.status], headers, body)
+        return Answer(learned.status_line, headers, body)
