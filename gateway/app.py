@@ -20,10 +20,10 @@ import psycopg2.extensions
 import psycopg2.pool
 
 from .cache import CacheSync, ResponseCache, SharedTier
+from .cache.changes import PurgeOnChange
 from .cache.metrics import CacheMetrics
 from .control import Management
 from .crypto import PasswordBox
-from .errors import GatewayError
 from .execution.runner import Pools
 from .governance.schema_cache import SchemaCache
 from .http import errors as http_errors
@@ -143,99 +143,133 @@ def build_app(settings: Settings, ports: Ports | None = None,
     """``store``: an open store session to start with (it migrates, then holds the catalog)."""
     ports = ports or Ports()
     log_listener = setup_logging(settings.log_level)
-    if not settings.database_url:
-        raise SystemExit("GATEWAY_DATABASE_URL is not set: start through `fleet up`, or through "
-                         "`gunicorn -c fleet/gunicorn_conf.py`, which starts the embedded default")
-    connect = store_connector(settings)
-    # One store session for the start: it migrates, then the catalog holder keeps it (each
-    # session opened costs both sides about 4 ms of CPU, at every worker boot).
-    conn = store if store is not None else connect()
-    try:
-        migrate(conn)
-    except BaseException:
-        conn.close()
-        raise
-
+    connect, conn = _migrated_store(settings, store)
     box = PasswordBox(settings.secret_key)
     pools = Pools(settings, box)
     schemas = SchemaCache(settings, box, pools=pools)
-
-    def on_reload(old: Catalog, new: Catalog) -> None:
-        if new.connections is old.connections:   # a change that left every connection as it was
-            return
-        pools.retire_unused(new.connections.values())
-        schemas.warm(new.connections.values())
-
-    holder = CatalogHolder(connect, on_reload=on_reload, conn=conn)
+    holder = CatalogHolder(connect, on_reload=FollowConnections(pools, schemas), conn=conn)
     holder.reload()
     sync, admission, events = ports.sync, ports.admission, ports.events
-    spool_root = spool_folder(settings.history_spool, settings.home)
-    history = HistoryWriter(connect, worker_name(), settings.history_batch, settings.history_flush_ms,
-                            settings.history_queue_max, settings.history_retention_days,
-                            spool=open_spool(spool_root, worker_name()) if spool_root else None)
+    history = _history(settings, connect)
     store_pool = WaitingPool(1, 4, settings.database_url, wait_s=settings.connect_timeout_s + 5,
                              connect_timeout=settings.connect_timeout_s, application_name="gateway-fleet-admin")
-    metrics = Metrics({"queue_depth": history.depth, "dropped": lambda: history.dropped,
-                       "generation": lambda: holder.catalog.generation, "reloads": lambda: holder.reloads,
-                       "full_loads": lambda: holder.full_loads,
-                       "pool_sessions": pools.open_sessions, "fallbacks": lambda: admission.fallbacks,
-                       "bus_connected": lambda: sync.connected, "loop_answers": lambda: from_memory.answered})
-    history.add_observer(metrics)
     cache = ResponseCache(settings, ports.cache_sync, ports.cache_shared, worker_name(), purges=PurgeCounter(connect))
     admin_caller = admin_identity(settings)
     from_memory = FromMemory(holder, cache, admission, history, schemas, admin_caller)
+    metrics = _metrics(history, holder, pools, admission, sync, from_memory)
+    history.add_observer(metrics)
     history.add_observer(CacheMetrics(cache, metrics.registry))
     if settings.access_log:
         history.add_observer(AccessLog(settings.access_log_sample))
     if events is not None:
         history.add_observer(events)
-    def on_change(doc: dict) -> None:
-        try:
-            current: Catalog | None = holder.current()   # the new catalog: what could have been cached
-        except GatewayError:
-            current = None                               # unknown: purge
-        cache.on_change(doc, current)        # before the management call returns
-        if events is not None:
-            events.change(doc)
-
+    # A committed change: the cache purges what it may have made stale (before the management
+    # call returns), then the fleet's event stream tells it.
+    on_change = ChangeListeners(PurgeOnChange(cache, holder), *([events.change] if events is not None else []))
     manage = Management(settings, sync, box, store_pool, schemas, on_change=on_change)
-
     ready = Ready(lambda: _store_reachable(store_pool), sync)
     parts = Parts(settings, holder, pools, history, ports, store_pool, manage, ready, log_listener, cache, schemas)
     app = GatewayApp(parts, middleware=[RequestId()])
     app.req_options.strip_url_path_trailing_slash = True
     http_errors.install(app)
-
-    admin = AdminCheck(settings.admin_key, holder)   # a data key on /api/v1: 403 admin_only
     app.from_memory = from_memory
     app.loop_answers = LoopAnswers(from_memory, ready)
     app.metrics = metrics
-    pipeline = Pipeline(holder, pools, history, settings, admission, cache, schemas, from_memory, admin_caller)
-    app.add_route("/q/{name}", QueryResource(pipeline, settings))
-    app.add_route("/execute_sql", AdHoc(pipeline, settings, schemas))
-    app.add_route("/api/v1/usage/quotas", management.QuotaUsageResource(admission, holder, admin))
-    for path, resource in management.ROUTES:
-        app.add_route(path, resource(manage, admin, settings))
-    app.add_route("/api/v1/cache/entries", CacheEntriesResource(cache, admin))
-    app.add_route("/api/v1/cache/entries/{key}", CacheEntryResource(cache, admin))
-    app.add_route("/health", Health())
-    # Self-description for the calling key (QueryAPIGate's /openapi.json and /catalog).
-    describer = Describer(holder, settings, AdminIdentity(settings.admin_key, ApiKey.admin())
-                          if settings.admin_key else None)
-    app.add_route("/openapi.json", OpenApiResource(describer))
-    app.add_route("/catalog", CatalogResource(describer))
-    app.add_route("/docs", DocsPage())                     # renders /openapi.json (Swagger UI, served here)
-    app.add_route("/docs/assets/{name}", DocsAsset())
-    app.add_route("/metrics", MetricsResource(metrics, settings.metrics_token))
-    app.add_route("/events", EventsResource(events, admin))
-    app.add_route("/ready", ready)
-
+    _add_routes(app, Pipeline(holder, pools, history, settings, admission, cache, schemas, from_memory, admin_caller),
+                admin_caller, metrics)
     sync.start(holder)
     cache.start()
     history.start()
     # What this worker's first calls would pay for (sessions, plans, Falcon's router), paid before it serves.
     Warmup(settings, holder, pools, schemas, store_pool, ApiKey.admin() if settings.admin_key else None).run(app)
     return app
+
+
+def _migrated_store(settings: Settings, store: psycopg2.extensions.connection | None
+                    ) -> tuple[Callable[[], psycopg2.extensions.connection], psycopg2.extensions.connection]:
+    """How to open a store session, and one open and migrated: ``store`` or a new one (the
+    catalog holder keeps it: each session opened costs both sides about 4 ms of CPU, at every
+    worker boot)."""
+    if not settings.database_url:
+        raise SystemExit("GATEWAY_DATABASE_URL is not set: start through `fleet up`, or through "
+                         "`gunicorn -c fleet/gunicorn_conf.py`, which starts the embedded default")
+    connect = store_connector(settings)
+    conn = store if store is not None else connect()
+    try:
+        migrate(conn)
+    except BaseException:
+        conn.close()
+        raise
+    return connect, conn
+
+
+def _history(settings: Settings, connect: Callable[[], psycopg2.extensions.connection]) -> HistoryWriter:
+    spool_root = spool_folder(settings.history_spool, settings.home)
+    return HistoryWriter(connect, worker_name(), settings.history_batch, settings.history_flush_ms,
+                         settings.history_queue_max, settings.history_retention_days,
+                         spool=open_spool(spool_root, worker_name()) if spool_root else None)
+
+
+def _metrics(history: HistoryWriter, holder: CatalogHolder, pools: Pools, admission: Admission, sync: Sync,
+             from_memory: FromMemory) -> Metrics:
+    return Metrics({"queue_depth": history.depth, "dropped": lambda: history.dropped,
+                    "generation": lambda: holder.catalog.generation, "reloads": lambda: holder.reloads,
+                    "full_loads": lambda: holder.full_loads,
+                    "pool_sessions": pools.open_sessions, "fallbacks": lambda: admission.fallbacks,
+                    "bus_connected": lambda: sync.connected, "loop_answers": lambda: from_memory.answered})
+
+
+def _add_routes(app: GatewayApp, pipeline: Pipeline, admin_caller: AdminIdentity | None, metrics: Metrics) -> None:
+    parts = app.parts
+    settings, holder, cache = parts.settings, parts.holder, parts.cache
+    admin = AdminCheck(settings.admin_key, holder)   # a data key on /api/v1: 403 admin_only
+    app.add_route("/q/{name}", QueryResource(pipeline, settings))
+    app.add_route("/execute_sql", AdHoc(pipeline, settings, parts.schemas))
+    app.add_route("/api/v1/usage/quotas", management.QuotaUsageResource(parts.admission, holder, admin))
+    for path, resource in management.ROUTES:
+        app.add_route(path, resource(parts.manage, admin, settings))
+    app.add_route("/api/v1/cache/entries", CacheEntriesResource(cache, admin))
+    app.add_route("/api/v1/cache/entries/{key}", CacheEntryResource(cache, admin))
+    app.add_route("/health", Health())
+    # Self-description for the calling key (QueryAPIGate's /openapi.json and /catalog).
+    describer = Describer(holder, settings, admin_caller)
+    app.add_route("/openapi.json", OpenApiResource(describer))
+    app.add_route("/catalog", CatalogResource(describer))
+    app.add_route("/docs", DocsPage())                     # renders /openapi.json (Swagger UI, served here)
+    app.add_route("/docs/assets/{name}", DocsAsset())
+    app.add_route("/metrics", MetricsResource(metrics, settings.metrics_token))
+    app.add_route("/events", EventsResource(parts.events, admin))
+    app.add_route("/ready", parts.ready)
+
+
+class FollowConnections:
+    """A catalog reload's listener: when the change touched connections, the pools of those
+    gone or changed are retired and the new ones' schemas read."""
+
+    __slots__ = ("_pools", "_schemas")
+
+    def __init__(self, pools: Pools, schemas: SchemaCache) -> None:
+        self._pools = pools
+        self._schemas = schemas
+
+    def __call__(self, old: Catalog, new: Catalog) -> None:
+        if new.connections is old.connections:   # a change that left every connection as it was
+            return
+        self._pools.retire_unused(new.connections.values())
+        self._schemas.warm(new.connections.values())
+
+
+class ChangeListeners:
+    """Who hears a committed management change, each in turn (``Management(on_change=...)``)."""
+
+    __slots__ = ("_listeners",)
+
+    def __init__(self, *listeners: Callable[[dict], object]) -> None:
+        self._listeners = listeners
+
+    def __call__(self, change: dict) -> None:
+        for listener in self._listeners:
+            listener(change)
 
 
 def _store_reachable(store_pool: psycopg2.pool.AbstractConnectionPool) -> bool:
