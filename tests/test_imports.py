@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from helpers.imports import arrows, cycles
+from helpers.imports import arrows, cycles, import_graph
 from helpers.util import ROOT
 
 SKIP = {"fleet.gunicorn_conf"}   # a gunicorn config: importing it starts the embedded default
@@ -178,3 +178,19 @@ def test_every_folder_of_the_product_is_a_package():
     include = [p.strip() for p in config["options.packages.find"]["include"].split(",")]
     shipped = set(setuptools.find_packages(where=str(ROOT), include=include))
     assert shipped == {".".join(f.relative_to(ROOT).parts) for f in folders}
+
+
+def test_no_two_modules_import_each_other(tmp_path):
+    """No import cycle between the product's modules, not even one only the type checker follows
+    or one through a package's ``__init__`` (``gateway/cache`` had two: ``entry`` <-> ``memory``,
+    the package <-> ``service``); and the check sees both kinds on a synthetic tree."""
+    assert [c for package in ("gateway", "fleet") for c in cycles(import_graph(ROOT / package))] == []
+    pkg = tmp_path / "gateway" / "cache"
+    pkg.mkdir(parents=True)
+    (pkg / "__init__.py").write_text("from .service import S\n")
+    (pkg / "service.py").write_text("from . import keys\n")
+    (pkg / "keys.py").write_text("")
+    (pkg / "entry.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .memory import M\n")
+    (pkg / "memory.py").write_text("from .entry import E\n")
+    assert cycles(import_graph(tmp_path / "gateway")) == [["gateway.cache", "gateway.cache.service"],
+                                                          ["gateway.cache.entry", "gateway.cache.memory"]]

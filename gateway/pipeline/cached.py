@@ -1,4 +1,4 @@
-"""Stage 4, cache: a cached answer sent with the HTTP semantics of a cache.
+"""Stage cache: a cached answer sent with the HTTP semantics of a cache.
 
 The entry holds the unmasked rows; they go through ``send_page`` with this call's key's plan
 (masks, ``max_rows``) like rows from the database. Then: ``ETag`` (a digest of the body this

@@ -1,4 +1,4 @@
-"""Stage 1, identify: ``X-API-Key`` to the key's record in the worker's catalog (no I/O:
+"""Stage identify: ``X-API-Key`` to the key's record in the worker's catalog (no I/O:
 the public prefix finds the record, the secret's digest is compared in constant time).
 
 Two rarer cases cost nothing on the common path: a secret whose prefix is a key's previous

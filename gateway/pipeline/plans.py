@@ -1,4 +1,4 @@
-"""Stage 3, plan: what a key gets from a statement (``gateway.governance.plan``), computed
+"""Stage plan: what a key gets from a statement (``gateway.governance.plan``), computed
 on first use and kept in the catalog's memo, a refusal too; so governance costs one dict
 lookup per call. The memo belongs to the catalog snapshots: one per key, which the next
 snapshot keeps unless the change was to that key (a saved version never changes), so grants

@@ -1,4 +1,4 @@
-"""Stage 6, shape: the key's masks applied, serialised in the asked format, as one page or
+"""Stage shape: the key's masks applied, serialised in the asked format, as one page or
 as a stream; a stream is capped (``max_rows``, what is left of the rows quota) and each of
 its batches charged to the quota as it is sent."""
 from __future__ import annotations
