@@ -3,10 +3,10 @@
     .venv/bin/python -m loadtests.bench --database-url postgresql://postgres@127.0.0.1:54500/demo \\
         --targets peer,gateway --rounds 5 --duration 10
     .venv/bin/python -m loadtests.bench --block admission --local-pg /tmp/bench-pg
-    .venv/bin/python -m loadtests.bench scaleout|openloop|oha|faults|controlplane|cache ...   # blocks with their own --help
+    .venv/bin/python -m loadtests.bench scaleout|oha|faults|controlplane|cache ...   # blocks with their own --help
 
 Blocks (loadtests/blocks/<name>/: run.py, render.py): `oltp` (the default), `admission`, `sync` and `logging` run
-here with the arguments below; `scaleout`, `openloop`, `oha`, `faults`, `controlplane` and `cache` take their own. Block `oltp`: the saved query
+here with the arguments below; `scaleout`, `oha`, `faults`, `controlplane` and `cache` take their own. Block `oltp`: the saved query
 `account` (SELECT aid, bid, abalance FROM pgbench_accounts WHERE aid = :aid) called as GET
 /q/account?aid=<random 1..1,000,000> with an X-API-Key, at 32 connections and at 1.
 
@@ -61,7 +61,7 @@ def parse_args(argv=None):
     parser = argparse.ArgumentParser(prog='python -m loadtests.bench', description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument('--block', choices=blocks.FRAMED, default='oltp',
-                        help='the block (loadtests/blocks/<name>/); scaleout, openloop and oha: `python -m '
+                        help='the block (loadtests/blocks/<name>/); scaleout, oha, faults, controlplane and cache: `python -m '
                              'loadtests.bench NAME --help`')
     add_data_source(parser, local_pg_port=54510)
     parser.add_argument('--targets', default='peer,gateway',
