@@ -66,6 +66,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import psutil
+
 from . import rundir, servers_render, slowclients, system, targets, wrk
 from .harness import Frozen, log, now_iso, prewarm_and_describe, rotated
 from .targets import Target, TargetError
@@ -402,7 +404,7 @@ def check_server(target: Target, spec: Spec) -> dict:
             'pure-Python parser' if b'Invalid HTTP Version' in refusal else f'its own ({status}, '
             f'{refusal[:60].decode("latin-1", "replace")!r})')
     workers = workers_of(target)
-    mapped = [pid for pid in workers if 'gunicorn_h1c' in _maps(pid)]
+    mapped = [pid for pid in workers if any('gunicorn_h1c' in m.path for m in _maps(pid))]
     path, key = target.info['paths']['hit']
     seen = [_get(target, f'{path}?aid=42', key)[1].get('x-cache', '') for _ in range(2)]
     checks = {'parser': said, 'h1c_mapped_in': f'{len(mapped)} of {len(workers)} worker(s)', 'x_cache': seen,
@@ -442,11 +444,11 @@ def _rows(body: bytes):
     return parsed if isinstance(parsed, list) else None
 
 
-def _maps(pid: int) -> str:
+def _maps(pid: int) -> list:
     try:
-        return Path(f'/proc/{pid}/maps').read_text()
-    except OSError:
-        return ''
+        return psutil.Process(pid).memory_maps(grouped=False)
+    except psutil.Error:
+        return []
 
 
 def _get(target: Target, path: str, key: str) -> tuple[int, dict, bytes]:

@@ -135,18 +135,6 @@ class Contention:
                 'loadavg_1m': round(os.getloadavg()[0], 2)}
 
 
-def rss_kb(pids) -> list[int]:
-    out = []
-    for pid in pids:
-        try:
-            for line in Path(f'/proc/{pid}/status').read_text().splitlines():
-                if line.startswith('VmRSS:'):
-                    out.append(int(line.split()[1]))
-        except OSError:
-            pass
-    return out
-
-
 def start(args, work_dir: Path, store_url: str, redis_url: str, workers: int):
     target = targets.start_gateway(port=args.gateway_port, cpu=args.target_cpu, store_url=store_url,
                                    redis_url=redis_url, run_dir=work_dir / f'w{workers}', admin_key=args.admin_key,
@@ -530,7 +518,7 @@ def _main(args, run_dir: Path, work_dir: Path) -> int:
             status, reply = targets.management(target, 'POST', path, body)
             if status != 201 and not (status == 409 and args.reuse_grown):
                 raise targets.TargetError(f'POST {path} answered {status}: {str(reply)[:300]}')
-        rss = {'small': rss_kb(pids)}
+        rss = {'small': system.rss_kb(pids)}
         if args.reuse_grown:   # the store a previous run grew: its workers started on the whole of it
             rss = {'keys+queries (started on it)': rss['small']}
         if args.small_samples and not args.reuse_grown:   # the same calls on the small catalog first: what growing it changes
@@ -545,9 +533,9 @@ def _main(args, run_dir: Path, work_dir: Path) -> int:
         if not args.reuse_grown:
             grow_keys(target, args.keys, min(args.sequential_keys, args.keys), args.key_clients, write, redis_url,
                       store_url)
-            rss['keys'] = rss_kb(pids)
+            rss['keys'] = system.rss_kb(pids)
             grow_queries(target, store_url, min(args.api_queries, args.queries), args.queries, write)
-            rss['keys+queries'] = rss_kb(pids)
+            rss['keys+queries'] = system.rss_kb(pids)
         write({'step': 'rss', 'workers': len(pids), 'rss_kb': rss, 'ok': True})
         full_load(store_url, write)
         changes = Changes(target)
@@ -573,7 +561,7 @@ def _main(args, run_dir: Path, work_dir: Path) -> int:
                 management_calls(changes, KINDS, args.scale_samples, 2, workers, write, 'scale', target.pids[0])
             finally:
                 changes.close()
-            write({'step': 'rss', 'workers': workers, 'rss_kb': {'keys+queries': rss_kb(pids)}, 'ok': True})
+            write({'step': 'rss', 'workers': workers, 'rss_kb': {'keys+queries': system.rss_kb(pids)}, 'ok': True})
     except (targets.TargetError, KeyboardInterrupt) as error:
         failed = str(error)
         meta['notes'].append(f'Stopped early: {failed.splitlines()[0]}')

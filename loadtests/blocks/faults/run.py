@@ -291,8 +291,8 @@ class Contention:
     def __init__(self, rig: Rig, load_pid: int):
         self.rig, self.load_pid = rig, load_pid
         self.machine = system.MachineMeter()
-        self.first: dict[int, int] = {}
-        self.last: dict[int, int] = {}
+        self.first: dict[int, float] = {}
+        self.last: dict[int, float] = {}
         self.load_pids: set[int] = set()
         self.loadavg = os.getloadavg()[0]
         self.started = time.monotonic()
@@ -308,7 +308,7 @@ class Contention:
         tree = system.process_tree(*[r for r in roots if r])
         self.load_pids.update(system.process_tree(self.load_pid))
         for pid in tree:
-            ticks = _ticks(pid)
+            ticks = system.cpu_seconds(pid)
             if ticks is not None:
                 self.first.setdefault(pid, ticks)
                 self.last[pid] = ticks
@@ -323,23 +323,13 @@ class Contention:
         self._sample()
         wall = time.monotonic() - self.started
         machine = self.machine.stop()
-        used = {pid: (self.last[pid] - self.first[pid]) / system.CLK_TCK for pid in self.last}
+        used = {pid: self.last[pid] - self.first[pid] for pid in self.last}
         ours = sum(used.values())
         load = sum(v for pid, v in used.items() if pid in self.load_pids)
         return {'cpus': os.cpu_count(), 'machine_busy_cores': round(machine / wall, 2),
                 'block_cores': round(ours / wall, 2), 'other_cores': round(max(0.0, machine - ours) / wall, 2),
                 'load_generator_cores': round(load / wall, 2),
                 'loadavg_1m': [round(self.loadavg, 2), round(os.getloadavg()[0], 2)]}
-
-
-def _ticks(pid: int) -> int | None:
-    """utime + stime of a process (all its threads), in clock ticks; None when it is gone."""
-    try:
-        raw = Path(f'/proc/{pid}/stat').read_text()
-    except OSError:
-        return None
-    fields = raw[raw.rindex(')') + 2:].split()
-    return int(fields[11]) + int(fields[12])
 
 
 def make_key(rig: Rig, name: str, **extra) -> str:
