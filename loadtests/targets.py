@@ -57,6 +57,16 @@ class TargetError(RuntimeError):
 # HTTP
 # --------------------------------------------------------------------------------------
 
+def get(url: str, key: str, timeout: float = 30) -> tuple[int, dict, bytes]:
+    """(status, headers lower-cased, body) of a GET with an X-API-Key - never raises for an HTTP status."""
+    request = urllib.request.Request(url, headers={'X-API-Key': key})
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            return response.status, {k.lower(): v for k, v in response.getheaders()}, response.read()
+    except urllib.error.HTTPError as error:
+        return error.code, {k.lower(): v for k, v in error.headers.items()}, error.read()
+
+
 def http(method: str, url: str, body=None, headers: dict | None = None, timeout: float = 30):
     """(status, parsed JSON or text) - never raises for an HTTP status."""
     data = json.dumps(body).encode() if body is not None else None
