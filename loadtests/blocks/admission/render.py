@@ -2,9 +2,6 @@
 admission costs: worker CPU and Redis commands per call, and the verdicts against the targets."""
 from __future__ import annotations
 
-from pathlib import Path
-
-from ... import rundir
 from ...markdown import table
 from ...stats import false_clear_chance, median_range, overlap, paired_ratios, show_paired, spread
 from ..oltp.render import render as closed_loop
@@ -13,10 +10,6 @@ from . import CPU_TARGET, OFF, ON, REDIS_TARGET
 REDIS_FIELDS = (('redis_per_call', 'every command'),
                 ('redis_per_call_no_events', 'every command but the event stream\'s XADD'),
                 ('redis_scripts_per_call', 'scripts (round trips of the admission and the bus)'))
-
-
-def write(run_dir: Path) -> Path:
-    return rundir.write_report(run_dir, render)
 
 
 def render(meta: dict, runs: list[dict]) -> str:

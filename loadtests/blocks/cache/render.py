@@ -16,10 +16,6 @@ DOCS = Path(__file__).resolve().parents[3] / 'docs' / 'bench'
 ISSUE_PURGES = 1000
 
 
-def write(run_dir: Path) -> Path:
-    return rundir.write_report(run_dir, render)
-
-
 def publish(run_dir: Path, docs: Path = DOCS) -> Path:
     """Keep the run beside the reports (docs/bench/raw/<folder>/) and write docs/bench/<date>-cache.md
     (<date>-cache-2.md, -3, ... when that day's page is another run's: a page is never overwritten by another)."""

@@ -25,13 +25,12 @@ from pathlib import Path
 
 import redis
 
-from ... import harness, peer, rundir, system, targets
+from ... import harness, peer, report, rundir, system, targets
 from ...harness import WARMUP_CONNECTIONS, Block, log, now_iso
 from ...system import REPO
 from ...targets import Target, TargetError
 from . import CACHED, PEER, UNCACHED, invalidation
 from .render import publish, verdicts
-from .render import write as write_report
 
 BLOCK = 'cache'
 CACHED_QUERY = 'account_cached'
@@ -79,7 +78,7 @@ def main(argv=None) -> int:
             [str(peer.PYTHON), '-c', 'import redis'], capture_output=True).returncode):
         raise SystemExit('the peer or its redis package is missing: run `.venv/bin/python -m loadtests.peer setup` '
                          '(or --no-peer)')
-    return harness.run_block(BLOCK, args, [BLOCK, *argv], body, write_report, tools=('wrk', 'taskset', 'redis-server'),
+    return harness.run_block(BLOCK, args, [BLOCK, *argv], body, report.write, tools=('wrk', 'taskset', 'redis-server'),
                      errors=(OSError, http.client.HTTPException, redis.RedisError, ValueError), publish=publish)
 
 

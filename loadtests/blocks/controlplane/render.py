@@ -3,9 +3,6 @@ calls per kind (pooled percentiles over every sample, and the worst round's p99)
 changes (pooled and per round), worker memory, and the larger fleets."""
 from __future__ import annotations
 
-from pathlib import Path
-
-from ... import rundir
 from ...markdown import environment, table
 from ...stats import percentile
 
@@ -16,10 +13,6 @@ KINDS = ('create-key', 'patch-key', 'publish', 'delete-key')
 MGMT_STEPS = (('mgmt-small', 'Management calls on the small catalog (before growing it)'),
               ('mgmt', 'Management calls on the grown catalog'),
               ('scale', 'Management calls on the grown catalog with more workers'))
-
-
-def write(run_dir: Path) -> Path:
-    return rundir.write_report(run_dir, render)
 
 
 def _ms(value) -> str:

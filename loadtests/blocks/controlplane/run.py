@@ -41,12 +41,11 @@ from pathlib import Path
 
 import psycopg2
 
-from ... import harness, system, targets
+from ... import harness, report, system, targets
 from ...harness import log, now_iso, rotated
 from ...stats import percentile, summary
 from ..sync.run import wait_workers
 from .render import KINDS
-from .render import write as write_report
 
 _NAMES = itertools.count(1)   # key names unique across every Changes of a run
 STORE_DB = 'gwstore_controlplane'
@@ -431,7 +430,7 @@ def main(argv=None) -> int:
     if args.pg_cpu not in ('', 'off'):
         from gateway.settings import parse_cpu_list
         os.sched_setaffinity(0, set(parse_cpu_list(args.pg_cpu)))
-    return harness.run_block('controlplane', args, ['controlplane', *argv], body, write_report,
+    return harness.run_block('controlplane', args, ['controlplane', *argv], body, report.write,
                              tools=('redis-server',))
 
 

@@ -11,10 +11,6 @@ from ...markdown import environment, incomplete, notes, table
 DOCS = Path(__file__).resolve().parents[3] / 'docs' / 'bench'
 
 
-def write(run_dir: Path) -> Path:
-    return rundir.write_report(run_dir, render)
-
-
 def publish(run_dir: Path, docs: Path = DOCS) -> Path:
     """Keep the run beside the reports (docs/bench/raw/<folder>/) and write docs/bench/<date>-faults.md
     (<date>-faults-direct.md for a run with the clients straight to the masters, -paced for a paced load)."""

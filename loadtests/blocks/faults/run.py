@@ -25,7 +25,7 @@ import threading
 import time
 from pathlib import Path
 
-from ... import harness, system
+from ... import harness, report, system
 from ...harness import log, now_iso
 from . import calls as seen_calls
 from .inject import FAULTS, MASTER_WAIT_S, Fault
@@ -33,7 +33,6 @@ from .quota import CALLS as QUOTA_CALLS
 from .quota import SPENT as QUOTA_SPENT
 from .quota import QuotaCaller
 from .render import publish
-from .render import write as write_report
 from .rig import Rig, RigError
 
 BLOCK, QUERY, CONNECTION = 'faults', 'account', 'demo'
@@ -80,7 +79,7 @@ def parse_args(argv=None):
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parse_args(argv)
-    return harness.run_block(BLOCK, args, [BLOCK, *argv], body, write_report, data=False, tools=('nginx', 'redis-server'),
+    return harness.run_block(BLOCK, args, [BLOCK, *argv], body, report.write, data=False, tools=('nginx', 'redis-server'),
                              errors=(RigError, RuntimeError, OSError, subprocess.SubprocessError), publish=publish)
 
 

@@ -4,9 +4,6 @@
 as docs/bench/raw/limits-20261130-122255) renders as it did then (``legacy``)."""
 from __future__ import annotations
 
-from pathlib import Path
-
-from ... import rundir
 from ...markdown import table
 from ...stats import median_range, paired_ratios, show_paired, spread
 from ..oltp.render import render as closed_loop
@@ -27,10 +24,6 @@ DESIGNS = {
          'rate\'s 20, where the skewed mix asks for 40.',
 }
 LEASE_S = 0.1           # GATEWAY_LEASE_MS's default then: how long a lease may be spent (the legacy report)
-
-
-def write(run_dir: Path) -> Path:
-    return rundir.write_report(run_dir, render)
 
 
 def render(meta: dict, runs: list[dict]) -> str:

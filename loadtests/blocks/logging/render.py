@@ -2,17 +2,10 @@
 access log and the event stream cost: throughput and worker CPU against the baseline, access lines per call."""
 from __future__ import annotations
 
-from pathlib import Path
-
-from ... import rundir
 from ...markdown import table
 from ...stats import false_clear_chance, median_range, overlap, paired_ratios, show_paired, spread
 from ..oltp.render import render as closed_loop
 from . import BARE, NAMES, OFF, ON, THROUGHPUT_TARGET
-
-
-def write(run_dir: Path) -> Path:
-    return rundir.write_report(run_dir, render)
 
 
 def render(meta: dict, runs: list[dict]) -> str:

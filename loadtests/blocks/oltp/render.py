@@ -3,9 +3,6 @@ and every run, each cell the median of its rounds [min-max] (loadtests/stats.py)
 admission, logging, cache and limits blocks put sections of their own first (``section``)."""
 from __future__ import annotations
 
-from pathlib import Path
-
-from ... import rundir
 from ...markdown import environment, incomplete, notes, num, table
 from ...stats import (
     NOISY_CORES,
@@ -33,10 +30,6 @@ CPU_NOTE = ('CPU seconds from /proc (utime + stime of the target\'s gunicorn mas
             'per completed call and as cores busy during the run. PostgreSQL: the postmaster and its backends. '
             'wrk: its own rusage. Other: the whole machine\'s busy CPU (/proc/stat) less those three - other '
             'processes; above 0.1 core the run shared the machine with something.')
-
-
-def write(run_dir: Path) -> Path:
-    return rundir.write_report(run_dir, render)
 
 
 def render(meta: dict, runs: list[dict], section: list[str] = ()) -> str:

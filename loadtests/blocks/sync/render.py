@@ -2,17 +2,10 @@
 median of the rounds' percentiles [min-max] and the percentiles of every change pooled."""
 from __future__ import annotations
 
-from pathlib import Path
-
-from ... import rundir
 from ...markdown import environment, incomplete, notes, table
 from ...stats import false_clear_chance, median_range, percentile, show
 
 P99_TARGET_MS = 20.0
-
-
-def write(run_dir: Path) -> Path:
-    return rundir.write_report(run_dir, render)
 
 
 def render(meta: dict, runs: list[dict]) -> str:
