@@ -40,12 +40,14 @@ VENV_PY = HERE.parent.parent / ".venv" / "bin" / "python"
 ADMIN = "callcost-admin-key-0123456789"
 SECRET = "callcost-secret-key-0123456789"
 SQL = "SELECT aid, bid, abalance FROM pgbench_accounts WHERE aid = :aid"
+CACHE_PATHS = {"hit": "/q/account_cached", "uncached": "/q/account"}
 
 
 # --- the child: one checkout's app, in process ---------------------------------------------
 def child(args: argparse.Namespace) -> None:
     import gc
     import io
+    import time
 
     import falcon.testing
     import psycopg2
@@ -54,35 +56,43 @@ def child(args: argparse.Namespace) -> None:
     from gateway.settings import Settings
 
     data = json.loads(args.child)
+    cache = data.get("target")     # loadtests.cachecost's calls: "hit" or "uncached", with the cached query too
     with tempfile.TemporaryDirectory() as home:
         # A freshness lease far longer than a run: under valgrind the bus thread can be starved past
         # the default 1.5 s, and the request thread would then read the store's generation itself (timed
         # work, not the call's).
         settings = Settings(database_url=data["store_url"], redis_url=data["redis_url"], admin_key=ADMIN,
-                            secret_key=SECRET, home=home, log_level="warning", freshness_lease_ms=600_000)
+                            secret_key=SECRET, home=home, log_level="warning",
+                            **({} if cache else {"freshness_lease_ms": 600_000}))
         app = create_app(settings)
         try:
             client = falcon.testing.TestClient(app)
             hdr = {"X-API-Key": ADMIN}
             dsn = psycopg2.extensions.parse_dsn(data["data_url"])
+            query = {"sql": SQL, "connection_name": "demo", "parameters": {"aid": "int"}, "publish": True}
             for path, body in (
                     ("/api/v1/connections", {"name": "demo", "db": "postgres", "host": dsn["host"],
                                              "port": int(dsn["port"]), "user": dsn["user"],
                                              "password": dsn["password"], "database": dsn["dbname"]}),
-                    ("/api/v1/queries", {"name": "account", "sql": SQL, "connection_name": "demo",
-                                         "parameters": {"aid": "int"}, "publish": True})):
+                    ("/api/v1/queries", {"name": "account", **query}),
+                    *([("/api/v1/queries", {"name": "account_cached", "cache_ttl": 600, **query})] if cache else [])):
                 got = client.simulate_post(path, json=body, headers=hdr)
                 assert got.status_code == 201, got.text
-            got = client.simulate_post("/api/v1/api-keys", json={"name": "bench", "queries": ["account"],
-                                                                  "connections": ["demo"]}, headers=hdr)
+            got = client.simulate_post("/api/v1/api-keys", json={"name": "bench", "connections": ["demo"], "queries": [
+                "account", *(["account_cached"] if cache else [])]}, headers=hdr)
             assert got.status_code == 201, got.text
-            key = got.json["secret"]
-            environ = falcon.testing.create_environ(path="/q/account", query_string="aid=42",
-                                                    headers={"X-API-Key": key}, host="127.0.0.1")
+            environ = falcon.testing.create_environ(path=CACHE_PATHS.get(cache, "/q/account"), query_string="aid=42",
+                                                    headers={"X-API-Key": got.json["secret"]}, host="127.0.0.1")
             statuses: list[str] = []
+            expected = ("200 OK", "hit" if cache == "hit" else None)
 
+            # one or the other, chosen once: the per-call bytecodes are the app's and this function's only
             def start_response(status, headers, exc_info=None):
                 statuses.append(status)
+
+            def start_response_cached(status, headers, exc_info=None):
+                statuses.append((status, dict((k.lower(), v) for k, v in headers).get("x-cache")))
+            start_response = start_response_cached if cache else start_response
 
             def call() -> bytes:
                 env = dict(environ)
@@ -95,12 +105,14 @@ def child(args: argparse.Namespace) -> None:
                         result.close()
 
             body = call()
-            assert statuses[-1].startswith("200") and b'"aid":42' in body.replace(b" ", b""), (statuses, body)
+            first = statuses[-1][0] if cache else statuses[-1]
+            assert first.startswith("200") and b'"aid":42' in body.replace(b" ", b""), (statuses, body)
             for _ in range(args.warmup):
                 call()
+            assert not cache or statuses[-1] == expected, statuses[-1]
             out: dict = {"body": body.decode()}
             n = args.calls
-            if args.no_gc:
+            if args.no_gc or cache:
                 # The cyclic collector runs every so many allocations, and a full pass walks every object:
                 # one pass more or less in a run would swamp a per-call difference. Counted without it.
                 gc.collect()
@@ -160,10 +172,19 @@ def child(args: argparse.Namespace) -> None:
                 out["retained_per_call"] = (tracemalloc.get_traced_memory()[0] - start) / n
                 out["peak_per_call"] = sorted(peaks)[len(peaks) // 2]
                 tracemalloc.stop()
+            elif args.mode == "cpu":   # timing, so noisy: the calling thread's CPU and the whole process's
+                thread, process = time.thread_time(), time.process_time()
+                for _ in range(n):
+                    call()
+                thread = time.thread_time() - thread
+                time.sleep(1.0)   # the history thread's last batch
+                out["cpu_us"] = [thread / n * 1e6, (time.process_time() - process) / n * 1e6]
             else:   # plain: the calls only (strace / callgrind count the whole process)
                 for _ in range(n):
                     call()
-            assert all(s.startswith("200") for s in statuses), set(statuses)
+            gc.enable()
+            assert all(s == expected for s in statuses[-n:]) if cache else all(s.startswith("200") for s in statuses), \
+                set(statuses)
             out["calls"] = n
             Path(args.out).write_text(json.dumps(out))
         finally:
@@ -277,28 +298,33 @@ def _recreate(pg_url: str, db: str) -> str:
     return pg_url.rsplit("/", 1)[0] + "/" + db
 
 
-def run_child(root: Path, index: int, args: argparse.Namespace, mode: str, calls: int, wrap: list[str]) -> dict:
-    store_url = _recreate(args.pg_url, f"cc_{index}")
-    spec = json.dumps({"store_url": store_url, "redis_url": args.redis_url,
+def run_child(root: Path, index: int, args: argparse.Namespace, mode: str, calls: int, wrap: list[str],
+              target: str | None = None) -> dict:
+    """One child (this file with --child) on `root`'s code, in a fresh store; `target`: cachecost's call."""
+    store_url = _recreate(args.pg_url, f"cachecost_{index}" if target else f"cc_{index}")
+    spec = json.dumps({"store_url": store_url, "redis_url": args.redis_url, "target": target,
                        "data_url": args.pg_url.rsplit("/", 1)[0] + "/bench"})
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "out.json"
-        cmd = [*wrap, str(VENV_PY), str(HERE), "--child", spec, "--mode", mode, "--calls", str(calls),
-               "--warmup", str(args.warmup), "--out", str(out), *(["--no-gc"] if args.no_gc else [])]
+        cmd = [*[w.replace("{tmp}", tmp) for w in wrap], str(VENV_PY), str(HERE), "--child", spec, "--mode", mode,
+               "--calls", str(calls), "--warmup", str(args.warmup), "--out", str(out),
+               *(["--no-gc"] if getattr(args, "no_gc", False) else [])]
         env = {k: v for k, v in os.environ.items() if not k.startswith("GATEWAY_")}
         env["PYTHONPATH"] = str(root)
         env["PYTHONHASHSEED"] = "0"
-        # as in a gunicorn worker (fleet/gunicorn_conf.py): the metrics in multiprocess mode
-        env["PROMETHEUS_MULTIPROC_DIR"] = tmp
+        if not target:   # as in a gunicorn worker (fleet/gunicorn_conf.py): the metrics in multiprocess mode
+            env["PROMETHEUS_MULTIPROC_DIR"] = tmp
         done = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True)
         if done.returncode != 0 or not out.exists():
-            raise SystemExit(f"{root} {mode}: exit {done.returncode}\n{done.stderr[-3000:]}")
+            raise SystemExit(f"{root} {target or ''} {mode}: exit {done.returncode}\n{done.stderr[-3000:]}")
         result = json.loads(out.read_text())
         result["stderr"] = done.stderr
         result["tmp"] = tmp
         if wrap and wrap[0] == "valgrind":
             files = list(Path(tmp).glob("callgrind.out*"))
             result["ir"] = sum(_callgrind_ir(f) for f in files)
+            # --separate-threads: one file per thread, the calling (main) thread's ends in -01
+            result["ir_main"] = sum(_callgrind_ir(f) for f in files if f.name.endswith("-01"))
         return result
 
 

@@ -4,7 +4,7 @@
 
 Writes `--rows` runs into a fresh store database (every migration applied) exactly as a worker's history thread
 does (gateway.store.history: batches of `--batch` runs made into COPY lines and sent through one COPY each, one
-commit a batch), and reads the CPU of the PostgreSQL backend that served them from /proc, so the figure is the store's
+commit a batch), and reads the CPU of the PostgreSQL backend that served them (psutil), so the figure is the store's
 own work per row and not the client's. Then reads it back the way a quota rebuild does (AdmittedUsage, one key's
 admitted calls and rows since a time). Prints one JSON line; --out writes it to a file too.
 """
@@ -19,11 +19,6 @@ from pathlib import Path
 
 from . import system
 from .harness import local_postgres, log, now_iso
-
-
-def backend_cpu_s(pid: int) -> float:
-    fields = Path(f'/proc/{pid}/stat').read_text().rsplit(')', 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / system.CLK_TCK
 
 
 def measure(database_url: str, rows: int, batch: int) -> dict:
@@ -45,11 +40,11 @@ def measure(database_url: str, rows: int, batch: int) -> dict:
         cur.execute('SELECT pg_current_wal_lsn()')
         wal0 = cur.fetchone()[0]
     conn.commit()
-    cpu0, wall0 = backend_cpu_s(backend), time.monotonic()
+    cpu0, wall0 = system.cpu_seconds(backend), time.monotonic()
     for i in range(0, rows, batch):
         HistoryWriter._store(conn, runs[i:i + batch])
         conn.commit()
-    write_cpu, write_wall = backend_cpu_s(backend) - cpu0, time.monotonic() - wall0
+    write_cpu, write_wall = system.cpu_seconds(backend) - cpu0, time.monotonic() - wall0
     with conn.cursor() as cur:
         cur.execute("SELECT pg_total_relation_size('gw_run_history'), pg_current_wal_lsn() - %s::pg_lsn", (wal0,))
         table_bytes, wal_bytes = cur.fetchone()

@@ -1,31 +1,8 @@
-"""Locust scenarios against the gateway (or its load balancer).
+"""Locust scenarios against the gateway (or its load balancer): the user classes of loadtests/scenarios/, their
+setup in the `test_start` listener (on the master or the local runner; workers get the secrets in a message), and
+their summaries at the end. How to run them, and what each class calls and counts as right: loadtests/README.md.
 
-    export GATEWAY_ADMIN_KEY=...            # or GATEWAY_HOME=<folder with admin_key> (the embedded default)
-    # headless, every scenario at once (weights below), CSV out:
-    .venv/bin/locust -f loadtests/locustfile.py --headless -u 20 -r 10 -t 10s --host http://127.0.0.1:8000 \\
-        --csv .bench/locust/run
-    # one scenario: name its user class(es) ...
-    .venv/bin/locust -f loadtests/locustfile.py --headless -u 20 -r 10 -t 10s --host ... RateLimited
-    # ... or its tag (classes left without a task are dropped): --tags churn
-    # the web UI (http://127.0.0.1:8089), with a picker for the user classes:
-    .venv/bin/locust -f loadtests/locustfile.py --host http://127.0.0.1:8000 --class-picker
-
-| User class (tag) | What it calls | Right answer |
-| --- | --- | --- |
-| PlainLookup (lookup) | /q/account?aid=R, plain key | 200, that row |
-| GovernedLookup (governed) | /q/account_governed?aid=R, governed key | 200, that row |
-| AccountPage (page) | /q/account_page?start=R&page_size=100 | 200, aids R..R+99 in order |
-| Deposit (write) | /q/deposit?aid=R&delta=1..9, writer key | 200, one row affected; a refusal is reported as "WRITES REFUSED" |
-| ReadWriteMix (mix) | 3 lookups : 1 deposit, writer key | as above |
-| CachedReadWrite (cached) | /q/account_cached (cache_ttl 60) on an account of its own; 1 in 6 a deposit, then a read | every cached read shows the database's balance after the user's last deposit |
-| RateLimited (ratelimit) | /q/account, key limited to LOADTEST_RATE_LIMIT | 200, or 429 rate_limited with sane headers (both succeed) |
-| ChurnReader (churn) | /q/account_versioned | never older than the newest version whose publish had returned |
-| ManagementChurn (churn) | publishes versions; creates, rotates, revokes keys | a changed key works / stops working at once |
-
-Setup runs in the `test_start` listener (on the master or the local runner; workers get the secrets in a message):
-the data connections, the saved queries and fresh keys, through the Management API (loadtests/scenarios/provision.py
-says which and how to configure them). A run that cannot be set up stops with the reason.
-"""
+    GATEWAY_HOME=<home> .venv/bin/locust -f loadtests/locustfile.py --headless -u 20 -r 10 -t 10s --host URL"""
 from __future__ import annotations
 
 import os

@@ -1,10 +1,33 @@
-"""The pieces of results.md that every block's report shares: table heads, numbers as settings show them, and the
-closing section on the machine, the versions, the targets and the command."""
+"""The pieces every block's results.md is made of: tables, the notes and "incomplete" lines, numbers as settings
+show them, and the closing section on the machine, the versions, the targets and the command.
+
+Written here rather than with tabulate: the committed reports (docs/bench/raw/*/results.md) are unpadded
+``|---|`` tables, and tests/loadtests/test_loadtests.py holds every one of them to the byte."""
 from __future__ import annotations
 
+INCOMPLETE = ['**Incomplete: the block did not finish** (interrupted or failed); the numbers below are what it '
+              'recorded.', '']
 
-def table_head(columns) -> list[str]:
-    return ['| ' + ' | '.join(columns) + ' |', '|' + '|'.join('---' for _ in columns) + '|']
+
+def row(cells) -> str:
+    return '| ' + ' | '.join(str(c) for c in cells) + ' |'
+
+
+def table(columns, rows=(), blank: bool = True) -> list[str]:
+    """A Markdown table (a row: a list of cells), and a blank line after it unless `blank` is false."""
+    return [row(columns), '|' + '|'.join('---' for _ in columns) + '|', *(row(r) for r in rows)] + \
+        ([''] if blank else [])
+
+
+def notes(meta: dict, extra=()) -> list[str]:
+    """'Notes:' and a bullet a note (meta.json's, then `extra`), or nothing."""
+    found = [*(meta.get('notes') or []), *extra]
+    return ['Notes:', '', *(f'- {n}' for n in found), ''] if found else []
+
+
+def incomplete(meta: dict) -> list[str]:
+    return list(INCOMPLETE) if meta.get('finished_at') is None else []
+
 
 
 def num(value) -> str:
@@ -14,24 +37,29 @@ def num(value) -> str:
     return '?' if value is None else str(value)
 
 
+def dash(value, fmt: str = '') -> str:
+    """`value` formatted, or '-' for None."""
+    return '-' if value is None else format(value, fmt)
+
+
 def environment(meta) -> list[str]:
     """"Machine and versions": from meta.json's machine, versions, data, targets, work_dir and command."""
-    machine = meta.get('machine', {})
-    versions = meta.get('versions', {})
+    machine, versions = meta.get('machine', {}), meta.get('versions', {})
+    guest = f', {machine["hypervisor"]} guest' if machine.get('hypervisor') else ''
     out = ['## Machine and versions', '',
            f'- Machine: {machine.get("cpu_model", "?")}, {machine.get("cpus", "?")} CPUs '
            f'({machine.get("cores_per_socket", "?")} cores/socket, {machine.get("threads_per_core", "?")} '
-           f'thread(s)/core{", " + machine["hypervisor"] + " guest" if machine.get("hypervisor") else ""}), '
-           f'{machine.get("memory_gib", "?")} GiB; {machine.get("os", "?")}, kernel {machine.get("kernel", "?")}.']
+           f'thread(s)/core{guest}), {machine.get("memory_gib", "?")} GiB; {machine.get("os", "?")}, kernel '
+           f'{machine.get("kernel", "?")}.']
     for key, label in (('harness', 'Harness / our gateway venv'), ('peer', 'Peer venv')):
         if versions.get(key):
             out.append(f'- {label}: ' + ', '.join(f'{k} {v}' for k, v in versions[key].items() if v))
     for key, label in (('gateway_fleet', 'gateway-fleet'), ('postgresql', 'PostgreSQL'), ('wrk', 'wrk'),
                        ('git', 'git')):
-        if versions.get(key) is not None:
-            value = versions[key]
-            if isinstance(value, dict):
-                value = f'{value.get("commit") or "no commit"}{" (dirty)" if value.get("dirty") else ""}'
+        value = versions.get(key)
+        if isinstance(value, dict):
+            value = f'{value.get("commit") or "no commit"}{" (dirty)" if value.get("dirty") else ""}'
+        if value is not None:
             out.append(f'- {label}: {value}')
     data = meta.get('data')
     if data:

@@ -138,12 +138,16 @@ def download_wheels(folder: Path, python: str, requirements: list[str], name: st
 
 
 def _requirements() -> list[str]:
-    """install_requires of setup.cfg, as pip reads them."""
+    """install_requires of setup.cfg, as pip reads them, and of the `load` extra what the harness itself imports
+    (psutil, its meters; not locust or matplotlib: the plots are skipped without it)."""
     import configparser
     config = configparser.ConfigParser()
     config.read(REPO / 'setup.cfg')
-    lines = config['options']['install_requires'].splitlines()
-    return [line.strip() for line in lines if line.strip() and not line.strip().startswith('#')]
+
+    def lines(text: str) -> list[str]:
+        return [line.strip() for line in text.splitlines() if line.strip() and not line.strip().startswith('#')]
+    load = lines(config['options.extras_require']['load'])
+    return lines(config['options']['install_requires']) + [r for r in load if r.startswith('psutil')]
 
 
 RUN = r'''#!/bin/sh

@@ -67,7 +67,7 @@ def main() -> None:
                         line = {"round": round_no, "class": name, "event": event, "rps": round(result.rps, 1),
                                 "latency_us": result.latency_us, "errors": result.errors, "bodies": result.bodies,
                                 "statuses": getattr(result, "statuses", {}), "at": time.strftime("%H:%M:%S"),
-                                "loadavg": Path("/proc/loadavg").read_text().split()[:3]}
+                                "loadavg": system.loadavg()}
                         print(json.dumps(line), flush=True)
                         with args.out.open("a") as out:
                             out.write(json.dumps(line) + "\n")

@@ -6,51 +6,19 @@ serving the same application with the same settings, in one interleaved run.
     .venv/bin/python -m loadtests.servers --quick --allow-dirty   # a smoke: 1 round, 2 s a run, ~2 min
     .venv/bin/python -m loadtests.servers --servers current,current-h1c,gthread-h1c,granian,granian-wide   # ~11 min
 
-Servers (``--servers``, by default the issue's three: current, current-h1c, granian; the first is the one the
-others are divided by), each one worker pinned to ``--server-cpu``
-(the whole process tree under taskset; gunicorn's worker also pins itself there through GATEWAY_CPUS):
+Servers (``--servers``; the first is the one the others are divided by), each one worker pinned to --server-cpu:
+``current`` (fleet's worker, `--http-parser python`), ``current-h1c`` (the same with gunicorn-h1c), ``gthread-h1c``
+and ``gthread`` (gunicorn's own ThreadWorker with and without it), ``granian`` and ``granian-wide`` (with --backlog
+and --backpressure 8192). Each h1c server is checked to use the C parser (its library mapped in the worker, and a bad
+request line refused in the C parser's words), the others not to; one that cannot start is left out, with why. All
+on the embedded PostgreSQL and Redis (fleet.local, seeded as `fleet up` seeds it), pinned to --pg-cpu.
 
-- ``current``: ``gunicorn -c fleet/gunicorn_conf.py --http-parser python``, GATEWAY_WORKER_CLASS at its default
-  (fleet.worker.BalancedThreadWorker): today's path. ``--http-parser python`` keeps it so with gunicorn-h1c in the
-  venv, where gunicorn's ``auto`` would pick the C parser up (and tests/fleet/test_lean_request.py then fails:
-  uninstall gunicorn-h1c after a run);
-- ``current-h1c``: the same with ``--http-parser fast`` (gunicorn refuses to start without a usable gunicorn_h1c).
-  LeanRequest.parse hands a head to the C parser only on a thread (``self._use_fast and not self.plain_only``):
-  the heads the worker's loop reads (``LeanParser.read_ready``) stay on fleet/lean_request.py's own reader;
-- ``gthread-h1c``: gunicorn's own ``gunicorn.workers.gthread.ThreadWorker`` with ``--http-parser fast``: gunicorn
-  without our overrides of its private code (the config file's hooks still pin, count metrics, handle the master's
-  death); ``gthread``: the same with the pure-Python parser;
-- ``granian``: ``granian --interface wsgi --factory fleet.app:create_app --workers 1 --blocking-threads 8``, as the
-  issue ran it; ``granian-wide``: the same with ``--backlog 8192 --backpressure 8192`` (with its defaults, 1,024
-  each, 2,000 slow clients stop it).
-
-Each h1c server is checked to use the C parser: gunicorn_h1c's library mapped in its worker (/proc/<pid>/maps) and
-a head only the C parser refuses with "Invalid Request Line" (the Python parser says "Invalid HTTP Version"); the
-others are checked not to. A server that cannot be started (granian or gunicorn-h1c missing, a refused parser) is
-left out and the report says why.
-
-Everything runs on the embedded default (fleet.local: PostgreSQL and Redis under $GATEWAY_HOME, else .bench/servers,
-on GATEWAY_PG_PORT / GATEWAY_REDIS_PORT), pinned to ``--pg-cpu``, with the demo seeded as ``fleet up`` seeds it: the
-lookup is the demo's ``account`` query with the demo key; the cache hit is ``account_cached`` (the same SQL,
-``cache_ttl`` 3600) over a hot set of 1,000 accounts, with a key of its own. Every server shares that store and
-Redis, as the masters of ``fleet up --instances N`` do.
-
-Per round, each test runs on every server in an order rotated each round, the other servers stopped (SIGSTOP) for
-its length (loadtests/harness.py's Frozen):
-
-- ``lookup``, ``hit``: wrk -c32 for ``--duration`` (every body checked by wrk/random_aid.lua, and after the run a few
-  answers compared with PostgreSQL's rows), requests a second and the server's CPU per call (/proc/<pid>/stat of its
-  processes: all of them, and its workers alone);
-- ``lookup-c1``, ``hit-c1``: wrk -c1 for ``--c1-duration``: one caller's p50;
-- ``health``: /health from one client back to back (loadtests/slowclients.py's probe) for ``--health-duration``;
-- ``slow-N`` for each N of ``--slow``: N connections that sent a partial head and then nothing, held by a child
-  process; meanwhile /health is probed (p50/p99, a call unanswered in ``--probe-timeout`` counted as a timeout) and
-  the lookup run with wrk -c32 for ``--slow-duration`` (``--timeout`` of the probe's); then the slow clients let go
-  and the time until /health answers again.
-
-The report (loadtests/servers_render.py) gives each server's numbers as median [min-max] over the rounds, ratios
-against the first server paired per round and judged on the worst round, and, not measured, the fleet's guarantees
-each server offers today.
+Per round, each test on every server in an order rotated each round, the others SIGSTOPped: ``lookup`` and ``hit``
+(wrk -c32, every body checked and a few compared with PostgreSQL's rows; req/s and CPU per call), ``lookup-c1`` and
+``hit-c1`` (one caller's p50), ``health`` (/health back to back, loadtests/slowclients.py's probe), and ``slow-N``
+(N partial heads held by a child process while /health is probed and the lookup runs). The report
+(loadtests/servers_render.py): medians [min-max], ratios to the first server paired per round and judged on the
+worst round, and the fleet's guarantees each server offers (read, not measured). loadtests/README.md says more.
 """
 from __future__ import annotations
 
@@ -63,8 +31,11 @@ import shlex
 import subprocess
 import sys
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
+
+import psutil
 
 from . import rundir, servers_render, slowclients, system, targets, wrk
 from .harness import Frozen, log, now_iso, prewarm_and_describe, rotated
@@ -402,9 +373,9 @@ def check_server(target: Target, spec: Spec) -> dict:
             'pure-Python parser' if b'Invalid HTTP Version' in refusal else f'its own ({status}, '
             f'{refusal[:60].decode("latin-1", "replace")!r})')
     workers = workers_of(target)
-    mapped = [pid for pid in workers if 'gunicorn_h1c' in _maps(pid)]
+    mapped = [pid for pid in workers if any('gunicorn_h1c' in m.path for m in _maps(pid))]
     path, key = target.info['paths']['hit']
-    seen = [_get(target, f'{path}?aid=42', key)[1].get('x-cache', '') for _ in range(2)]
+    seen = [targets.get(target.url(f'{path}?aid=42'), key)[1].get('x-cache', '') for _ in range(2)]
     checks = {'parser': said, 'h1c_mapped_in': f'{len(mapped)} of {len(workers)} worker(s)', 'x_cache': seen,
               'workers': workers, 'affinity': {pid: system.affinity(pid) for pid in [*target.pids, *workers]}}
     if spec.http_parser == 'fast' and (not mapped or 'C parser' not in said):
@@ -442,22 +413,11 @@ def _rows(body: bytes):
     return parsed if isinstance(parsed, list) else None
 
 
-def _maps(pid: int) -> str:
+def _maps(pid: int) -> list:
     try:
-        return Path(f'/proc/{pid}/maps').read_text()
-    except OSError:
-        return ''
-
-
-def _get(target: Target, path: str, key: str) -> tuple[int, dict, bytes]:
-    import urllib.error
-    import urllib.request
-    request = urllib.request.Request(target.url(path), headers={'X-API-Key': key})
-    try:
-        with urllib.request.urlopen(request, timeout=10) as response:
-            return response.status, {k.lower(): v for k, v in response.getheaders()}, response.read()
-    except urllib.error.HTTPError as error:
-        return error.code, {k.lower(): v for k, v in error.headers.items()}, error.read()
+        return psutil.Process(pid).memory_maps(grouped=False)
+    except psutil.Error:
+        return []
 
 
 # --------------------------------------------------------------------------------------
@@ -516,7 +476,7 @@ class Rounds:
         return self.slow(target, int(test.split('-')[1]))
 
     def frozen(self, target: Target):
-        return _Frozen([t for t in self.live if t is not target])
+        return Frozen([t for t in self.live if t is not target])
 
     def wrk_run(self, target: Target, kind: str, connections: int, duration: float, *, test: str | None = None,
                 timeout_s: float | None = None, freeze: bool = True) -> dict:
@@ -524,7 +484,7 @@ class Rounds:
         env = {'API_KEY': key, 'QUERY_PATH': path, 'PARAM': 'aid', 'MAX_ID': str(HOT_SET if kind == 'hit' else
                                                                               MAX_AID)}
         meters = Meters(target, self.services)
-        with self.frozen(target) if freeze else _nothing():
+        with self.frozen(target) if freeze else nullcontext():
             meters.start()
             result = wrk.run(target.url('/'), connections=connections, duration_s=duration, env=env,
                              cpu=self.args.load_cpu, timeout_s=timeout_s)
@@ -543,7 +503,7 @@ class Rounds:
         expected = self.services.rows(aids)
         wrong = []
         for aid in aids:
-            status, headers, body = _get(target, f'{path}?aid={aid}', key)
+            status, headers, body = targets.get(target.url(f'{path}?aid={aid}'), key, timeout=10)
             rows = _rows(body)
             if status != 200 or rows != [expected.get(aid)]:
                 wrong.append({'aid': aid, 'status': status, 'body': body[:200].decode('utf-8', 'replace')})
@@ -582,28 +542,6 @@ class Rounds:
             except OSError:
                 pass
             time.sleep(0.05)
-        return None
-
-
-class _Frozen:
-    """harness.Frozen for a ``with`` block: the other servers stopped, and continued (and settled) after it."""
-
-    def __init__(self, others: list[Target]):
-        self.frozen = Frozen(others)
-
-    def __enter__(self):
-        self.frozen.start()
-        return self
-
-    def __exit__(self, *exc):
-        self.frozen.finish({})
-
-
-class _nothing:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
         return None
 
 

@@ -12,7 +12,7 @@ import statistics
 from pathlib import Path
 
 from . import rundir, stats
-from .markdown import environment, table_head
+from .markdown import environment, table
 from .system import REPO
 
 DOCS = REPO / 'docs' / 'bench'
@@ -83,20 +83,17 @@ def _intro(meta: dict, settings: dict, reference: str | None, raw: str | None) -
 
 
 def _servers(meta: dict) -> list[str]:
-    out = ['## Servers', ''] + table_head(['Server', 'What', 'Parser that refused a bad request line',
-                                           'gunicorn_h1c mapped', 'X-Cache of 2 calls'])
-    for target in meta.get('targets', []):
-        checks = target.get('checks', {})
-        out.append(f'| `{target["name"]}` | {target.get("description", "")} | {checks.get("parser", "?")} | '
-                   f'{checks.get("h1c_mapped_in", "?")} | {", ".join(checks.get("x_cache", []))} |')
-    out.append('')
-    for target in meta.get('targets', []):
-        out.append(f'- `{target["name"]}`: `{target.get("command", "")}`')
-    for name, why in meta.get('skipped', {}).items():
-        out.append(f'- `{name}`: **left out**: {why}')
-    out += ['', 'The parser check sends `GET /hea lth HTTP/1.1`: gunicorn_h1c refuses it as "Invalid Request Line", '
-            'gunicorn\'s Python parser as "Invalid HTTP Version", granian with an empty 400.']
-    if any(t['name'] == 'current-h1c' for t in meta.get('targets', [])):
+    found = meta.get('targets', [])
+    out = ['## Servers', '', *table(['Server', 'What', 'Parser that refused a bad request line', 'gunicorn_h1c mapped',
+                                     'X-Cache of 2 calls'],
+                                    [[f'`{t["name"]}`', t.get('description', ''), t.get('checks', {}).get('parser', '?'),
+                                      t.get('checks', {}).get('h1c_mapped_in', '?'),
+                                      ', '.join(t.get('checks', {}).get('x_cache', []))] for t in found], blank=False),
+           '', *(f'- `{t["name"]}`: `{t.get("command", "")}`' for t in found),
+           *(f'- `{name}`: **left out**: {why}' for name, why in meta.get('skipped', {}).items()),
+           '', 'The parser check sends `GET /hea lth HTTP/1.1`: gunicorn_h1c refuses it as "Invalid Request Line", '
+           'gunicorn\'s Python parser as "Invalid HTTP Version", granian with an empty 400.']
+    if any(t['name'] == 'current-h1c' for t in found):
         out[-1] += (' In `current-h1c` the C parser reads only the heads that go to a thread: LeanRequest.parse '
                     'defers to it (`self._use_fast and not self.plain_only`), while the heads read on the worker\'s '
                     'loop (`LeanParser.read_ready`, a kept-alive connection whose whole head came in one read) stay '
@@ -104,79 +101,67 @@ def _servers(meta: dict) -> list[str]:
     return out + ['']
 
 
+def _versus(runs, test, name, reference, value, fmt=None, at_most=False, cell=None) -> list[str]:
+    """A server's median [min-max] of one test, and its ratio to the reference's paired per round."""
+    mine = _runs(runs, test, name)
+    shown = stats.show(stats.median_range([value(r) for r in mine]), *([fmt] if fmt else []))
+    ratio = '-' if name == reference else _paired_text(_pair(mine, _runs(runs, test, reference), value, value),
+                                                       at_most=at_most)
+    return [shown, *(cell(mine) if cell else []), ratio]
+
+
 def _throughput(runs: list[dict], names: list[str], reference: str | None) -> list[str]:
-    out = ['## Throughput and CPU per call (wrk -c32)', '']
-    out += table_head(['Server', 'lookup req/s', f'vs `{reference}`', 'hit req/s', f'vs `{reference}`'])
-    for name in names:
-        cells = [f'`{name}`']
-        for test in ('lookup', 'hit'):
-            mine = _runs(runs, test, name)
-            cells += [stats.show(stats.median_range([r['rps'] for r in mine]), stats.fmt_rps),
-                      _paired_text(_pair(mine, _runs(runs, test, reference), _rps, _rps))
-                      if name != reference else '-']
-        out.append('| ' + ' | '.join(cells) + ' |')
-    out += ['', 'CPU per call, µs (all the server\'s processes; its workers alone):', '']
-    out += table_head(['Server', 'lookup', 'lookup, workers', f'vs `{reference}`', 'hit', 'hit, workers',
-                       f'vs `{reference}`'])
-    for name in names:
-        cells = [f'`{name}`']
-        for test in ('lookup', 'hit'):
-            mine = _runs(runs, test, name)
-            cells += [stats.show(stats.median_range([r.get('cpu_us_per_call') for r in mine])),
-                      stats.show(stats.median_range([r.get('worker_cpu_us_per_call') for r in mine])),
-                      _paired_text(_pair(mine, _runs(runs, test, reference), _cpu, _cpu), at_most=True)
-                      if name != reference else '-']
-        out.append('| ' + ' | '.join(cells) + ' |')
-    return out + ['']
+    def workers(mine):
+        return [stats.show(stats.median_range([r.get('worker_cpu_us_per_call') for r in mine]))]
+    return ['## Throughput and CPU per call (wrk -c32)', '',
+            *table(['Server', 'lookup req/s', f'vs `{reference}`', 'hit req/s', f'vs `{reference}`'],
+                   [[f'`{n}`', *[c for test in ('lookup', 'hit') for c in
+                                 _versus(runs, test, n, reference, _rps, stats.fmt_rps)]] for n in names]),
+            'CPU per call, µs (all the server\'s processes; its workers alone):', '',
+            *table(['Server', 'lookup', 'lookup, workers', f'vs `{reference}`', 'hit', 'hit, workers',
+                    f'vs `{reference}`'],
+                   [[f'`{n}`', *[c for test in ('lookup', 'hit') for c in
+                                 _versus(runs, test, n, reference, _cpu, at_most=True, cell=workers)]] for n in names])]
 
 
 def _single_caller(runs: list[dict], names: list[str], reference: str | None) -> list[str]:
-    out = ['## One caller (wrk -c1): p50, ms', '']
-    out += table_head(['Server', 'lookup', f'vs `{reference}`', 'hit', f'vs `{reference}`'])
-    for name in names:
-        cells = [f'`{name}`']
-        for test in ('lookup-c1', 'hit-c1'):
-            mine = _runs(runs, test, name)
-            cells += [stats.show(stats.median_range([_p50(r) for r in mine]), stats.fmt_ms),
-                      _paired_text(_pair(mine, _runs(runs, test, reference), _p50, _p50), at_most=True)
-                      if name != reference else '-']
-        out.append('| ' + ' | '.join(cells) + ' |')
-    return out + ['']
+    return ['## One caller (wrk -c1): p50, ms', '',
+            *table(['Server', 'lookup', f'vs `{reference}`', 'hit', f'vs `{reference}`'],
+                   [[f'`{n}`', *[c for test in ('lookup-c1', 'hit-c1') for c in
+                                 _versus(runs, test, n, reference, _p50, stats.fmt_ms, at_most=True)]]
+                    for n in names])]
 
 
 def _slow_clients(runs: list[dict], names: list[str], settings: dict) -> list[str]:
-    out = ['## /health and slow clients', '']
-    out += table_head(['Server', 'Slow clients', 'held', '/health p50, ms', '/health p99, ms', 'timeouts',
-                       f'p99 vs quiet (goal <= {HEALTH_P99_GOAL:g}x)', 'lookup req/s',
-                       f'vs quiet -c32 (goal >= {LOOKUP_KEPT_GOAL:g}x)', 'what the server did with them',
-                       'back after release, s'])
+    rows = []
     for name in names:
         quiet = _runs(runs, 'health', name)
-        out.append(f'| `{name}` | 0 | - | {_health_cell(quiet, "p50_ms")} | {_health_cell(quiet, "p99_ms")} | '
-                   f'{sum(r["health"]["timeouts"] for r in quiet)} | - | '
-                   f'{stats.show(stats.median_range([r["rps"] for r in _runs(runs, "lookup", name)]), stats.fmt_rps)}'
-                   ' | - | - | - |')
+        rows.append([f'`{name}`', 0, '-', _health_cell(quiet, 'p50_ms'), _health_cell(quiet, 'p99_ms'),
+                     sum(r['health']['timeouts'] for r in quiet), '-',
+                     stats.show(stats.median_range([r['rps'] for r in _runs(runs, 'lookup', name)]), stats.fmt_rps),
+                     '-', '-', '-'])
         for count in settings.get('slow_counts', []):
-            slow = _runs(runs, f'slow-{count}', name)
-            if not slow:
-                continue
-            health_ratio = _pair(slow, quiet, lambda r: r['health']['p99_ms'], lambda r: r['health']['p99_ms'])
-            kept = _pair(slow, _runs(runs, 'lookup', name), lambda r: r['lookup']['rps'], _rps)
-            held = ', '.join(f'{r["held"].get("connected")}/{count}' for r in slow)
-            fate = '; '.join(_fate(r['released']) for r in slow)
-            back = ', '.join('-' if r['recovery_s'] is None else f'{r["recovery_s"]:.2f}' for r in slow)
-            out.append(f'| `{name}` | {count:,} | {held} | {_health_cell(slow, "p50_ms")} | '
-                       f'{_health_cell(slow, "p99_ms")} | {sum(r["health"]["timeouts"] for r in slow)} | '
-                       f'{_paired_text(health_ratio, HEALTH_P99_GOAL, at_most=True)} | '
-                       f'{stats.show(stats.median_range([r["lookup"]["rps"] for r in slow]), stats.fmt_rps)} | '
-                       f'{_paired_text(kept, LOOKUP_KEPT_GOAL)} | {fate} | {back} |')
-    return out + ['', '"held": connections that connected and sent their partial head, per round: connected as '
-                  'the client sees it (the kernel completed the handshake, whether or not the server accepted it); '
-                  'the rest were still waiting when the holder stopped trying, after 3 s. "What '
-                  'the server did": at the release, how many were still open, closed by the server, answered '
-                  '(with the status line seen) or reset. The issue\'s goals (10,000 slow connections, within 2x '
-                  'the idle p99 and at least 0.9x the quiet throughput) are applied here to each count measured.',
-                  '']
+            if slow := _runs(runs, f'slow-{count}', name):
+                p99 = _pair(slow, quiet, lambda r: r['health']['p99_ms'], lambda r: r['health']['p99_ms'])
+                kept = _pair(slow, _runs(runs, 'lookup', name), lambda r: r['lookup']['rps'], _rps)
+                rows.append([f'`{name}`', f'{count:,}', ', '.join(f'{r["held"].get("connected")}/{count}' for r in slow),
+                             _health_cell(slow, 'p50_ms'), _health_cell(slow, 'p99_ms'),
+                             sum(r['health']['timeouts'] for r in slow),
+                             _paired_text(p99, HEALTH_P99_GOAL, at_most=True),
+                             stats.show(stats.median_range([r['lookup']['rps'] for r in slow]), stats.fmt_rps),
+                             _paired_text(kept, LOOKUP_KEPT_GOAL), '; '.join(_fate(r['released']) for r in slow),
+                             ', '.join('-' if r['recovery_s'] is None else f'{r["recovery_s"]:.2f}' for r in slow)])
+    return ['## /health and slow clients', '',
+            *table(['Server', 'Slow clients', 'held', '/health p50, ms', '/health p99, ms', 'timeouts',
+                    f'p99 vs quiet (goal <= {HEALTH_P99_GOAL:g}x)', 'lookup req/s',
+                    f'vs quiet -c32 (goal >= {LOOKUP_KEPT_GOAL:g}x)', 'what the server did with them',
+                    'back after release, s'], rows),
+            '"held": connections that connected and sent their partial head, per round: connected as '
+            'the client sees it (the kernel completed the handshake, whether or not the server accepted it); '
+            'the rest were still waiting when the holder stopped trying, after 3 s. "What '
+            'the server did": at the release, how many were still open, closed by the server, answered '
+            '(with the status line seen) or reset. The issue\'s goals (10,000 slow connections, within 2x '
+            'the idle p99 and at least 0.9x the quiet throughput) are applied here to each count measured.', '']
 
 
 def _checks(all_runs: list[dict], runs: list[dict]) -> list[str]:

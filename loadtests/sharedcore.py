@@ -118,7 +118,7 @@ def main() -> None:
                         "switches_per_call": [round(voluntary / max(1, result.requests), 2),
                                               round(involuntary / max(1, result.requests), 2)],
                         "latency_us": result.latency_us, "at": time.strftime("%H:%M:%S"),
-                        "loadavg": Path("/proc/loadavg").read_text().split()[:3]}
+                        "loadavg": system.loadavg()}
                 print(json.dumps(line), flush=True)
                 with args.out.open("a") as out:
                     out.write(json.dumps(line) + "\n")

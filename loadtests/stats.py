@@ -93,16 +93,6 @@ def pooled_percentile(histograms: list[list], q: float) -> float | None:
     return max(counts)   # q = 100
 
 
-def rounded_rank_percentile(sorted_values: list[float], p: float) -> float | None:
-    """The open-loop generator's percentile of a sorted list (rank round(p/100 x n + 0.5), half
-    to even), not the nearest rank of `percentile`: kept as it was so new open-loop runs compare
-    with old ones."""
-    if not sorted_values:
-        return None
-    k = min(len(sorted_values) - 1, max(0, int(round(p / 100 * len(sorted_values) + 0.5)) - 1))
-    return sorted_values[k]
-
-
 def summary(samples) -> dict:
     """n, mean, p50/p90/p99 (nearest rank) and max of `samples`; {} when there are none."""
     if not samples:
@@ -191,6 +181,11 @@ def show(stat, fmt=fmt_plain, unit: str = '') -> str:
         return '-'
     median, lo, hi = stat
     return f'{fmt(median)}{unit} [{fmt(lo)}-{fmt(hi)}]'
+
+
+def spread(runs: list[dict], field: str, digits: int = 1) -> str:
+    """``median [min-max]`` of one field over runs (show_range of its values that are not None)."""
+    return show_range(median_range([r.get(field) for r in runs]), digits)
 
 
 def show_range(stat, digits: int = 1, scale: float = 1.0) -> str:

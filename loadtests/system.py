@@ -1,8 +1,5 @@
-"""What the harness needs from the machine: CPU seconds of process trees from /proc, pinning with taskset,
-PostgreSQL's postmaster, and the machine and version facts that every report carries.
-
-Linux only (reads /proc). Standard library only, apart from psycopg2 where a database is asked something.
-"""
+"""What the harness needs from the machine: CPU seconds of process trees and of the whole machine (psutil),
+pinning with taskset, PostgreSQL's postmaster, and the machine and version facts that every report carries."""
 from __future__ import annotations
 
 import json
@@ -10,61 +7,56 @@ import os
 import platform
 import re
 import shutil
+import socket
 import subprocess
 import sys
 from pathlib import Path
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import unquote, urlsplit, urlunsplit
+
+import psutil
 
 REPO = Path(__file__).resolve().parent.parent
-CLK_TCK = os.sysconf('SC_CLK_TCK')
 
 
 # --------------------------------------------------------------------------------------
-# /proc
+# Processes and their CPU
 # --------------------------------------------------------------------------------------
 
-def _stat(pid: int) -> tuple[int, int] | None:
-    """(ppid, utime + stime in ticks) of a process - all its threads - or None if it is gone."""
+def _process(pid: int) -> psutil.Process | None:
     try:
-        raw = Path(f'/proc/{pid}/stat').read_text()
-    except (FileNotFoundError, ProcessLookupError, PermissionError):
+        return psutil.Process(pid) if pid else None
+    except psutil.Error:
         return None
-    fields = raw[raw.rindex(')') + 2:].split()  # the name may hold spaces and parentheses
-    # after the name: state(0) ppid(1) ... utime(11) stime(12)
-    return int(fields[1]), int(fields[11]) + int(fields[12])
-
-
-def _children_map() -> dict[int, list[int]]:
-    children: dict[int, list[int]] = {}
-    for entry in os.listdir('/proc'):
-        if entry.isdigit():
-            stat = _stat(int(entry))
-            if stat is not None:
-                children.setdefault(stat[0], []).append(int(entry))
-    return children
 
 
 def process_tree(*roots: int) -> list[int]:
     """The roots and every descendant that exists now."""
-    children = _children_map()
     seen: list[int] = []
-    todo = [r for r in roots if r and _stat(r) is not None]
-    while todo:
-        pid = todo.pop()
-        if pid in seen:
+    for root in filter(None, map(_process, roots)):
+        try:
+            tree = [root.pid, *(child.pid for child in root.children(recursive=True))]
+        except psutil.Error:
             continue
-        seen.append(pid)
-        todo.extend(children.get(pid, ()))
+        seen += [pid for pid in tree if pid not in seen]
     return seen
 
 
-def _ticks(pids) -> dict[int, int]:
-    out = {}
-    for pid in pids:
-        stat = _stat(pid)
-        if stat is not None:
-            out[pid] = stat[1]
-    return out
+def cpu_seconds(pid: int) -> float | None:
+    """user + system CPU of a process, all its threads; None when it is gone."""
+    try:
+        times = psutil.Process(pid).cpu_times()
+    except psutil.Error:
+        return None
+    return times.user + times.system
+
+
+def running(pid: int | None) -> bool:
+    """Alive and not a zombie (a killed process stays until its parent reaps it)."""
+    process = _process(pid or 0)
+    try:
+        return process is not None and process.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
 
 
 class CpuMeter:
@@ -75,79 +67,83 @@ class CpuMeter:
 
     def __init__(self, *roots: int):
         self.roots = [r for r in roots if r]
-        self._before: dict[int, int] = {}
+        self._before: dict[int, float] = {}
+
+    def _now(self) -> dict[int, float]:
+        return {pid: cpu for pid in process_tree(*self.roots) if (cpu := cpu_seconds(pid)) is not None}
 
     def start(self):
-        self._before = _ticks(process_tree(*self.roots))
+        self._before = self._now()
 
     def stop(self) -> float | None:
         if not self.roots:
             return None
-        after = _ticks(process_tree(*self.roots))
-        ticks = sum(t - self._before.get(pid, 0) for pid, t in after.items())
-        return ticks / CLK_TCK
-
-
-def _switches(pid: int) -> tuple[int, int]:
-    """(voluntary, involuntary) context switches of every thread of ``pid`` (threads that ended are lost)."""
-    voluntary = involuntary = 0
-    try:
-        tasks = os.listdir(f'/proc/{pid}/task')
-    except OSError:
-        return 0, 0
-    for tid in tasks:
-        try:
-            status = Path(f'/proc/{pid}/task/{tid}/status').read_text()
-        except OSError:
-            continue
-        for line in status.splitlines():
-            if line.startswith('voluntary_ctxt_switches'):
-                voluntary += int(line.split()[1])
-            elif line.startswith('nonvoluntary_ctxt_switches'):
-                involuntary += int(line.split()[1])
-    return voluntary, involuntary
+        return sum(cpu - self._before.get(pid, 0.0) for pid, cpu in self._now().items())
 
 
 class SwitchMeter:
     """Context switches of process trees between start() and stop(), (voluntary, involuntary): a thread that
-    waits (a poll, a lock, the GIL) and one the scheduler takes off its CPU. Counted, not timed, so a busy
-    machine does not blur them the way it blurs throughput."""
+    waits (a poll, a lock, the GIL) and one the scheduler takes off its CPU. Counted per thread (a process's own
+    count is its main thread's), so a thread that ended is lost."""
 
     def __init__(self, *roots: int):
         self.roots = [r for r in roots if r]
         self._before: dict[int, tuple[int, int]] = {}
 
+    def _now(self) -> dict[int, tuple[int, int]]:
+        out = {}
+        for pid in process_tree(*self.roots):
+            try:
+                threads = [t.id for t in psutil.Process(pid).threads()]
+            except psutil.Error:
+                continue
+            for process in filter(None, map(_process, threads)):
+                try:
+                    out[process.pid] = tuple(process.num_ctx_switches())
+                except psutil.Error:
+                    pass
+        return out
+
     def start(self):
-        self._before = {pid: _switches(pid) for pid in process_tree(*self.roots)}
+        self._before = self._now()
 
     def stop(self) -> tuple[int, int]:
-        voluntary = involuntary = 0
-        for pid in process_tree(*self.roots):
-            v, i = _switches(pid)
-            v0, i0 = self._before.get(pid, (0, 0))
-            voluntary, involuntary = voluntary + v - v0, involuntary + i - i0
-        return voluntary, involuntary
+        deltas = [(v - self._before.get(tid, (0, 0))[0], i - self._before.get(tid, (0, 0))[1])
+                  for tid, (v, i) in self._now().items()]
+        return sum(d[0] for d in deltas), sum(d[1] for d in deltas)
 
 
 class MachineMeter:
-    """Busy CPU seconds of the whole machine (all CPUs, from /proc/stat: everything but idle and iowait) between
-    start() and stop(). Less what the target, PostgreSQL and wrk used, it is what *other* processes took during a
-    run - on a shared machine, the first thing to look at when a run is off."""
+    """Busy CPU seconds of the whole machine (all CPUs: everything but idle and iowait) between start() and stop().
+    Less what the target, PostgreSQL and wrk used, it is what *other* processes took during a run - on a shared
+    machine, the first thing to look at when a run is off."""
 
-    def _busy(self) -> int:
-        fields = [int(v) for v in Path('/proc/stat').read_text().split('\n', 1)[0].split()[1:]]
-        idle = fields[3] + (fields[4] if len(fields) > 4 else 0)
-        return sum(fields[:8]) - idle  # user nice system idle iowait irq softirq steal (guest is inside user)
+    @staticmethod
+    def _busy() -> float:
+        t = psutil.cpu_times()
+        return t.user + t.nice + t.system + t.irq + t.softirq + t.steal   # guest is inside user
 
     def start(self):
         self._before = self._busy()
 
     def stop(self) -> float:
-        return (self._busy() - self._before) / CLK_TCK
+        return self._busy() - self._before
 
 
-def alive(pid: int) -> bool:
-    return _stat(pid) is not None
+def loadavg() -> list[str]:
+    """The 1, 5 and 15 minute load averages as /proc/loadavg writes them."""
+    return [f'{x:.2f}' for x in os.getloadavg()]
+
+
+def rss_kb(pids) -> list[int]:
+    """Resident memory (VmRSS) of each process still there, in KiB."""
+    out = []
+    for process in filter(None, map(_process, pids)):
+        try:
+            out.append(process.memory_info().rss // 1024)
+        except psutil.Error:
+            pass
+    return out
 
 
 # --------------------------------------------------------------------------------------
@@ -161,22 +157,23 @@ def taskset_prefix(cpus: str | None) -> list[str]:
 def pin_tree(root: int, cpus: str) -> list[int]:
     """Pin a process, every thread of it (-a) and every descendant that exists now to `cpus`. Children forked
     later inherit the parent's affinity - so pin PostgreSQL's postmaster before the gateways open their pools."""
-    pinned = []
-    for pid in process_tree(root):
-        done = subprocess.run(['taskset', '-a', '-p', '-c', cpus, str(pid)], capture_output=True, text=True)
-        if done.returncode == 0:
-            pinned.append(pid)
-    return pinned
+    return [pid for pid in process_tree(root) if subprocess.run(
+        ['taskset', '-a', '-p', '-c', cpus, str(pid)], capture_output=True).returncode == 0]
 
 
 def affinity(pid: int) -> str | None:
+    """The CPUs a process may run on, as Linux lists them (Cpus_allowed_list: `0-3,6`)."""
     try:
-        for line in Path(f'/proc/{pid}/status').read_text().splitlines():
-            if line.startswith('Cpus_allowed_list:'):
-                return line.split(':', 1)[1].strip()
-    except FileNotFoundError:
+        cpus = sorted(psutil.Process(pid).cpu_affinity())
+    except psutil.Error:
         return None
-    return None
+    runs: list[list[int]] = []
+    for cpu in cpus:
+        if runs and cpu == runs[-1][-1] + 1:
+            runs[-1].append(cpu)
+        else:
+            runs.append([cpu])
+    return ','.join(f'{r[0]}-{r[-1]}' if len(r) > 1 else str(r[0]) for r in runs)
 
 
 # --------------------------------------------------------------------------------------
@@ -192,7 +189,6 @@ def dsn_with_db(url: str, dbname: str) -> str:
 def dsn_parts(url: str) -> dict:
     """host, port, user, password, database of a postgresql:// URL (what a connection body needs)."""
     parts = urlsplit(url)
-    from urllib.parse import unquote
     return {'host': parts.hostname or '127.0.0.1', 'port': parts.port or 5432,
             'user': unquote(parts.username or 'postgres'), 'password': unquote(parts.password or ''),
             'database': (parts.path or '/').lstrip('/') or 'postgres'}
@@ -205,23 +201,28 @@ def pg_connect(url: str):
     return conn
 
 
-def postmaster_pid(url: str) -> int | None:
-    """The postmaster's pid when the server runs on this machine: the parent of our own backend, if /proc shows
-    it as a postgres process. None for a remote server (or one in a container we can't see into)."""
+def pg_query(url: str, sql: str, params=()) -> list[tuple]:
     conn = pg_connect(url)
     try:
         with conn.cursor() as cur:
+            cur.execute(sql, params)
+            return cur.fetchall() if cur.description else []
+    finally:
+        conn.close()
+
+
+def postmaster_pid(url: str) -> int | None:
+    """The postmaster's pid when the server runs on this machine: the parent of our own backend, if it is a
+    postgres process. None for a remote server (or one in a container we can't see into)."""
+    conn = pg_connect(url)
+    try:
+        with conn.cursor() as cur:   # asked while our backend lives: its parent is the postmaster
             cur.execute('SELECT pg_backend_pid()')
-            backend = cur.fetchone()[0]
-        stat = _stat(backend)
-        if stat is None:
-            return None
-        ppid = stat[0]
-        try:
-            comm = Path(f'/proc/{ppid}/comm').read_text().strip()
-        except FileNotFoundError:
-            return None
-        return ppid if comm.startswith(('postgres', 'postmaster')) else None
+            backend = _process(cur.fetchone()[0])
+            parent = backend.parent() if backend else None
+            return parent.pid if parent and parent.name().startswith(('postgres', 'postmaster')) else None
+    except psutil.Error:
+        return None
     finally:
         conn.close()
 
@@ -230,43 +231,27 @@ def recreate_database(server_url: str, name: str, drop: bool = True):
     """An empty database `name` on the server of `server_url` (dropped first when `drop`)."""
     if not re.fullmatch(r'[a-z_][a-z0-9_]*', name):
         raise ValueError(f'unsafe database name {name!r}')
-    conn = pg_connect(server_url)
-    try:
-        with conn.cursor() as cur:
-            cur.execute('SELECT 1 FROM pg_database WHERE datname = %s', (name,))
-            exists = cur.fetchone() is not None
-            if exists and drop:
-                cur.execute(f'DROP DATABASE {name} WITH (FORCE)')
-                exists = False
-            if not exists:
-                cur.execute(f'CREATE DATABASE {name}')
-    finally:
-        conn.close()
+    exists = bool(pg_query(server_url, 'SELECT 1 FROM pg_database WHERE datname = %s', (name,)))
+    if exists and drop:
+        pg_query(server_url, f'DROP DATABASE {name} WITH (FORCE)')
+    if not exists or drop:
+        pg_query(server_url, f'CREATE DATABASE {name}')
 
 
 def check_demo_table(url: str, table: str = 'pgbench_accounts') -> dict:
     """Rows and largest key of the data table, or an exception saying what is missing."""
-    conn = pg_connect(url)
-    try:
-        with conn.cursor() as cur:
-            cur.execute('SELECT to_regclass(%s)', (table,))
-            if cur.fetchone()[0] is None:
-                raise RuntimeError(f'{table} does not exist in {redact(url)}')
-            cur.execute(f'SELECT count(*), min(aid), max(aid) FROM {table}')
-            rows, lo, hi = cur.fetchone()
-            cur.execute('SHOW server_version')
-            version = cur.fetchone()[0]
-        return {'rows': rows, 'min_aid': lo, 'max_aid': hi, 'server_version': version}
-    finally:
-        conn.close()
+    if pg_query(url, 'SELECT to_regclass(%s)', (table,))[0][0] is None:
+        raise RuntimeError(f'{table} does not exist in {redact(url)}')
+    (rows, lo, hi), = pg_query(url, f'SELECT count(*), min(aid), max(aid) FROM {table}')
+    return {'rows': rows, 'min_aid': lo, 'max_aid': hi, 'server_version': pg_query(url, 'SHOW server_version')[0][0]}
 
 
 def redact(url: str) -> str:
     parts = urlsplit(url)
-    if parts.password:
-        netloc = parts.netloc.replace(':' + parts.password + '@', ':***@')
-        return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
-    return url
+    if not parts.password:
+        return url
+    netloc = parts.netloc.replace(':' + parts.password + '@', ':***@')
+    return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
 
 
 # --------------------------------------------------------------------------------------
@@ -282,36 +267,20 @@ def _run(cmd, **kw) -> str:
 
 
 def machine_info() -> dict:
-    lscpu = {}
-    for line in _run(['lscpu']).splitlines():
-        if ':' in line:
-            key, value = line.split(':', 1)
-            lscpu[key.strip()] = value.strip()
-    mem_kb = 0
-    for line in Path('/proc/meminfo').read_text().splitlines():
-        if line.startswith('MemTotal:'):
-            mem_kb = int(line.split()[1])
-    return {
-        'cpu_model': lscpu.get('Model name', platform.processor()),
-        'cpus': lscpu.get('CPU(s)', str(os.cpu_count())),
-        'threads_per_core': lscpu.get('Thread(s) per core'),
-        'cores_per_socket': lscpu.get('Core(s) per socket'),
-        'hypervisor': lscpu.get('Hypervisor vendor'),
-        'kernel': platform.release(),
-        'os': _os_name(),
-        'memory_gib': round(mem_kb / 1024 / 1024, 1),
-        'hostname': platform.node(),
-    }
+    lscpu = dict(line.split(':', 1) for line in _run(['lscpu']).splitlines() if ':' in line)
+    lscpu = {k.strip(): v.strip() for k, v in lscpu.items()}
+    return {'cpu_model': lscpu.get('Model name', platform.processor()),
+            'cpus': lscpu.get('CPU(s)', str(os.cpu_count())), 'threads_per_core': lscpu.get('Thread(s) per core'),
+            'cores_per_socket': lscpu.get('Core(s) per socket'), 'hypervisor': lscpu.get('Hypervisor vendor'),
+            'kernel': platform.release(), 'os': _os_name(),
+            'memory_gib': round(psutil.virtual_memory().total / 1024 ** 3, 1), 'hostname': platform.node()}
 
 
 def _os_name() -> str:
     try:
-        for line in Path('/etc/os-release').read_text().splitlines():
-            if line.startswith('PRETTY_NAME='):
-                return line.split('=', 1)[1].strip('"')
-    except FileNotFoundError:
-        pass
-    return platform.system()
+        return platform.freedesktop_os_release().get('PRETTY_NAME', platform.system())
+    except OSError:
+        return platform.system()
 
 
 def venv_versions(python: Path, packages) -> dict:
@@ -334,13 +303,9 @@ def our_version() -> str | None:
         import importlib.metadata as m
         return m.version('gateway-fleet')
     except Exception:
-        pass
-    setup_cfg = REPO / 'setup.cfg'
-    if setup_cfg.exists():
-        match = re.search(r'^version\s*=\s*(\S+)', setup_cfg.read_text(), re.M)
-        if match:
-            return match.group(1) + ' (setup.cfg, not installed)'
-    return None
+        setup_cfg = REPO / 'setup.cfg'
+        match = re.search(r'^version\s*=\s*(\S+)', setup_cfg.read_text(), re.M) if setup_cfg.exists() else None
+        return match.group(1) + ' (setup.cfg, not installed)' if match else None
 
 
 def git_state() -> dict:
@@ -364,7 +329,6 @@ def python_version() -> str:
 
 def free_port() -> int:
     """A TCP port nothing listens on now (the kernel's pick), for a short-lived server of the harness."""
-    import socket
     with socket.socket() as sock:
         sock.bind(('127.0.0.1', 0))
         return sock.getsockname()[1]

@@ -14,6 +14,7 @@ import time
 import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
+from http.client import HTTPConnection
 from pathlib import Path
 
 from . import system
@@ -56,6 +57,16 @@ class TargetError(RuntimeError):
 # HTTP
 # --------------------------------------------------------------------------------------
 
+def get(url: str, key: str, timeout: float = 30) -> tuple[int, dict, bytes]:
+    """(status, headers lower-cased, body) of a GET with an X-API-Key - never raises for an HTTP status."""
+    request = urllib.request.Request(url, headers={'X-API-Key': key})
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            return response.status, {k.lower(): v for k, v in response.getheaders()}, response.read()
+    except urllib.error.HTTPError as error:
+        return error.code, {k.lower(): v for k, v in error.headers.items()}, error.read()
+
+
 def http(method: str, url: str, body=None, headers: dict | None = None, timeout: float = 30):
     """(status, parsed JSON or text) - never raises for an HTTP status."""
     data = json.dumps(body).encode() if body is not None else None
@@ -71,6 +82,27 @@ def http(method: str, url: str, body=None, headers: dict | None = None, timeout:
         return status, json.loads(text)
     except ValueError:
         return status, text
+
+
+class Client:
+    """One keep-alive HTTP connection: each call's status, body and time (ms, from sending to the whole answer)."""
+
+    def __init__(self, base_url: str, headers: dict, timeout: float = 60):
+        host, port = base_url.split('//', 1)[1].rstrip('/').rsplit(':', 1)
+        self.conn = HTTPConnection(host, int(port), timeout=timeout)
+        self.headers = headers
+
+    def call(self, method: str, path: str, body=None) -> tuple[int, bytes, float]:
+        payload = json.dumps(body).encode() if body is not None else None
+        headers = dict(self.headers, **({'Content-Type': 'application/json'} if payload else {}))
+        started = time.perf_counter()
+        self.conn.request(method, path, body=payload, headers=headers)
+        response = self.conn.getresponse()
+        data = response.read()
+        return response.status, data, (time.perf_counter() - started) * 1000
+
+    def close(self):
+        self.conn.close()
 
 
 def management(target: Target, method: str, path: str, body=None):

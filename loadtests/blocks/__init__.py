@@ -15,7 +15,7 @@ from types import ModuleType
 # processes to stop at the end): run.run(block, args, work_dir, cleanup, meta, save_meta).
 FRAMED = ('oltp', 'admission', 'sync', 'logging', 'limits')
 # `python -m loadtests.bench NAME [ARGS]`: a harness of their own, run.main(argv).
-OWN_CLI = ('scaleout', 'openloop', 'oha', 'faults', 'controlplane', 'cache')
+OWN_CLI = ('scaleout', 'oha', 'faults', 'controlplane', 'cache')
 NAMES = FRAMED + OWN_CLI
 
 

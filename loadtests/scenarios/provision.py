@@ -3,43 +3,13 @@
     python -m loadtests.scenarios.provision --url http://127.0.0.1:8000 --out .bench/keys.env
 
 writes the secrets as shell assignments (KEY_PLAIN=gw_..., ...) for loadtests/oha/run.sh or wrk; the locust file
-calls provision() itself in its test_start listener. The admin key comes from GATEWAY_ADMIN_KEY (or the file
-<GATEWAY_HOME>/admin_key that the embedded default writes).
-
-Two data connections, each reused when it exists (``fleet up`` and ``fleet seed`` create both):
-
-- the reads' (default name ``demo``, LOADTEST_CONNECTION to change it), otherwise created from GATEWAY_DEMO_PG_HOST /
-  _PORT / _DATABASE, GATEWAY_DEMO_PG_USER (default ``demo_reader``) and GATEWAY_DEMO_PG_PASSWORD;
-- the write's, ``deposit``'s (default name ``demo_writer``, LOADTEST_WRITE_CONNECTION to change it): a role that may
-  only run the deposit (``demo_writer``: SELECT (aid, abalance), UPDATE (abalance) ON pgbench_accounts; fleet/local/demo.py),
-  otherwise created from the same host, port and database, GATEWAY_DEMO_WRITER_PG_USER (default ``demo_writer``) and
-  GATEWAY_DEMO_WRITER_PG_PASSWORD.
-
-A password not set here is saved as the literal reference (``${GATEWAY_DEMO_PG_PASSWORD}``,
-``${GATEWAY_DEMO_WRITER_PG_PASSWORD}``), which the server resolves from its own environment when a session opens.
-
-Queries (the peer's OLTP set, plus two of ours):
-
-| name | SQL | scenario |
-| --- | --- | --- |
-| account | SELECT aid, bid, abalance FROM pgbench_accounts WHERE aid = :aid | plain lookup, mix, rate limit |
-| account_governed | the same SQL, a query of its own | governed lookup |
-| account_page | the 100-row page (a join on pgbench_branches), page_size=100 | page |
-| deposit | UPDATE pgbench_accounts SET abalance = abalance + :delta WHERE aid = :aid (on the write connection) | write, mix |
-| account_versioned | the lookup, plus ``<N> AS version``: version N answers N | management churn |
-
-Keys (recreated on every run: a secret is shown only once):
-
-| name | grants |
-| --- | --- |
-| lt-plain | account, account_page |
-| lt-governed | account_governed; a rate limit and a quota far above any load, so admission runs on every call; plus whatever LOADTEST_GOVERNED_GRANTS holds (JSON, merged in: e.g. ``{"allowed_tables": [...], "mask": [...]}`` once the gateway has them) |
-| lt-writer | deposit and account (both connections), ``allow_writes`` (the server also needs GATEWAY_ALLOW_WRITES=1) |
-| lt-limited | account, rate_limit LOADTEST_RATE_LIMIT (default ``20/second``), burst = the limit |
-| lt-churn-reader | account_versioned |
-
-LOADTEST_GOVERNED_QUERY (JSON, merged into account_governed's body) is where query-side governance goes.
-"""
+calls provision() itself in its test_start listener. The admin key comes from GATEWAY_ADMIN_KEY (or
+<GATEWAY_HOME>/admin_key). Two data connections, each reused when it exists (``fleet up`` and ``fleet seed`` make
+both), else created from GATEWAY_DEMO_PG_* (connection_body): the reads' (``demo``, LOADTEST_CONNECTION) and the
+deposit's (``demo_writer``, LOADTEST_WRITE_CONNECTION: a role that may only run it). A password not given is saved
+as its ``${...}`` reference, which the server resolves from its own environment. The queries and keys (queries(),
+keys(); keys are made anew every run, a secret is shown once) are tabled in loadtests/README.md;
+LOADTEST_GOVERNED_QUERY and LOADTEST_GOVERNED_GRANTS (JSON) are merged into the governed query's and key's bodies."""
 from __future__ import annotations
 
 import argparse

@@ -80,6 +80,8 @@ def test_harness_smoke_block(settings, services, tmp_path):
     records = [json.loads(line) for line in (block / "results.jsonl").read_text().splitlines()]
     calls = [r for r in records if r.get("target") == "gateway" and r.get("kind", "run") == "run"]
     assert calls and all(r.get("ok") for r in calls), records
+    # the meters (psutil): the gateway's CPU per call and busy cores, and the machine's, all measured
+    assert all(r["cpu_us_per_call"] > 0 and 0 < r["target_cores"] <= 2 and r["machine_cpu_s"] > 0 for r in calls)
     assert (block / "results.md").exists()
 
 

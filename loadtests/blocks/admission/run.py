@@ -12,71 +12,56 @@ KEY_LIMITS = {'rate_limit': HUGE_RATE, 'quota': {'calls': 10 ** 9, 'per': 'day'}
 
 
 class RedisCommands:
-    """Commands Redis executed during a run (INFO commandstats delta, the INFO calls left out).
-
-    commandstats also counts the commands a script runs (a lease script is one EVALSHA round trip and about
-    five commands inside it), so three numbers per call are kept: every command (`redis_per_call`), every
-    command but the event stream's XADDs (`redis_per_call_no_events`: fleet.events appends each run to a
-    stream, pipelined per history batch), and the scripts alone (`redis_scripts_per_call`: EVALSHA/EVAL, the
-    admission's and the bus' round trips). Round trips of any kind (a script, a pipeline, a plain command) are
-    counted as Redis counts its clients' reads (`total_reads_processed`, INFO stats: one read event per request
-    or pipeline that arrives at once; a pipeline split over several reads counts more): `redis_reads_per_call`."""
+    """What Redis did during a run, per call served: commands (INFO commandstats, the INFO calls left out), its CPU
+    (INFO cpu) and the round trips it read (INFO stats' total_reads_processed: one a script, pipeline or plain
+    command that arrives at once). commandstats counts the commands a script runs too (a lease script is one EVALSHA
+    and about five commands inside it), so three counts are kept: every command (`redis_per_call`), every command but
+    the event stream's XADDs (`redis_per_call_no_events`), and the scripts alone (`redis_scripts_per_call`)."""
 
     def __init__(self, url: str):
         self.client = redis.Redis.from_url(url, socket_timeout=5)
-        self.before: dict = {}
-        self.cpu_before = 0.0
-        self.reads_before = 0
+        self.before: tuple = ()
 
-    def _snapshot(self) -> dict:
+    def _commands(self) -> dict:
         stats = self.client.info('commandstats')
         return {name.removeprefix('cmdstat_'): int(value['calls']) for name, value in stats.items()}
 
-    def _cpu(self) -> float:
+    def _cpu_and_reads(self) -> tuple[float, int]:
         cpu = self.client.info('cpu')
-        return float(cpu['used_cpu_user']) + float(cpu['used_cpu_sys'])
-
-    def _reads(self) -> int:
-        return int(self.client.info('stats').get('total_reads_processed', 0))
+        return (float(cpu['used_cpu_user']) + float(cpu['used_cpu_sys']),
+                int(self.client.info('stats').get('total_reads_processed', 0)))
 
     def start(self):
-        self.before = self._snapshot()
-        self.cpu_before = self._cpu()
-        self.reads_before = self._reads()
+        self.before = (self._commands(), *self._cpu_and_reads())
 
     def finish(self, record: dict) -> dict:
-        redis_cpu = self._cpu() - self.cpu_before
-        reads = self._reads() - self.reads_before - 2   # less this probe's own two INFO calls since start()
-        after = self._snapshot()
-        delta = {name: n - self.before.get(name, 0) for name, n in after.items()
-                 if name != 'info' and n - self.before.get(name, 0) > 0}
-        total = sum(delta.values())
-        events = delta.get('xadd', 0)
-        scripts = delta.get('evalsha', 0) + delta.get('eval', 0)
-        calls = record.get('requests') or 0
+        cpu, reads = self._cpu_and_reads()
+        commands, (commands0, cpu0, reads0) = self._commands(), self.before
+        reads -= reads0 + 2     # less this probe's own two INFO calls since the reads were counted at start()
+        delta = {name: n - commands0.get(name, 0) for name, n in commands.items()
+                 if name != 'info' and n - commands0.get(name, 0) > 0}
+        total, calls = sum(delta.values()), record.get('requests') or 0
 
         def per_call(n):
             return round(n / calls, 4) if calls else None
         return {'redis_commands': total, 'redis_by_command': dict(sorted(delta.items())),
-                'redis_per_call': per_call(total), 'redis_per_call_no_events': per_call(total - events),
-                'redis_scripts_per_call': per_call(scripts),
+                'redis_per_call': per_call(total), 'redis_per_call_no_events': per_call(total - delta.get('xadd', 0)),
+                'redis_scripts_per_call': per_call(delta.get('evalsha', 0) + delta.get('eval', 0)),
                 'redis_reads': reads, 'redis_reads_per_call': per_call(max(reads, 0)),
-                # Redis' own CPU (main thread and the rest, INFO cpu): what one call costs the shared Redis
-                'redis_cpu_us_per_call': round(redis_cpu / calls * 1e6, 2) if calls else None}
+                'redis_cpu_us_per_call': round((cpu - cpu0) / calls * 1e6, 2) if calls else None}
 
 
-def run(block, args, work_dir, cleanup, meta, save_meta):
+def run(run):
     live, probes = [], {}
     for index, (name, extra) in enumerate(((ON, {'GATEWAY_ADMISSION': 'on', 'GATEWAY_RATE_LIMIT': HUGE_RATE}),
                                            (OFF, {'GATEWAY_ADMISSION': 'off'}))):
-        target, redis_url = start_variant(args, work_dir, cleanup, index, name, extra,
-                                          f'gwstore_adm_{"on" if name == ON else "off"}', key_extra=KEY_LIMITS)
+        target, redis_url = start_variant(run, index, name, extra, f'gwstore_adm_{"on" if name == ON else "off"}',
+                                          key_extra=KEY_LIMITS)
         target.info['key_limits'] = KEY_LIMITS
         live.append(target)
         probes[name] = (WorkerCpu(target.pids[0]), RedisCommands(redis_url))
-    record_variants(meta, live, OFF, save_meta)
-
-    run_rounds(block, live, args, probes, _extra)
+    record_variants(run, live, OFF)
+    run_rounds(run.block, live, run.args, probes, _extra)
 
 
 def _extra(record: dict) -> str:

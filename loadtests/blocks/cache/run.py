@@ -4,71 +4,33 @@
     .venv/bin/python -m loadtests.bench cache --database-url postgresql://postgres@127.0.0.1:54500/demo \\
         --rounds 1 --duration 2 --warmup 1 --floor-duration 1 --purges 20 --writes 20 --allow-dirty   # a smoke
 
-Three targets, one gunicorn worker each on --target-cpu, the lookup (SELECT aid, bid, abalance FROM
-pgbench_accounts WHERE aid = :aid) over a hot set of --hot accounts (default 1,000) drawn uniformly:
-
-- `uncached`: our gateway, GET /q/account (no cache_ttl);
-- `cached`: the same gateway process, GET /q/account_cached (the same SQL, cache_ttl --ttl, default 60);
-- `peer`: QueryAPIGate 0.43.0 (loadtests/peer.py) with its Redis response cache on (QUERYAPIGATE_REDIS_URL, a
-  Redis of its own) and the same query and TTL, GET /q/account_cached;
-
-and a fourth server for the invalidation timings: our gateway with --workers workers (default 4) on every usable
-core, the shared tier on (GATEWAY_CACHE_SHARED=on) and writes allowed, the same queries plus the saved write
-`deposit` (UPDATE pgbench_accounts SET abalance = abalance + :delta WHERE aid = :aid).
-
-Each server has its own store database and its own Redis. Method (the harness's, loadtests/harness.py): a warm-up
-per target (every hot account cached), a /health floor before and after, then --rounds rounds (default 5); in each,
-every cell (target x --connections, default 32 and 1) runs once, targets in an order rotated each round, wrk
-(loadtests/wrk/random_aid.lua) checking every body; while one runs, the other servers are stopped (SIGSTOP, as every
-block does). Then, in the same round, --purges/--rounds purges and --writes/--rounds writes on the 4-worker server
-(invalidation.py: how each is timed and checked). The report (render.py): paired per-round ratios (median
-[min-max]) judged on the worst round - cached/uncached throughput at 32 connections (goal >= 1.5x), single-caller
-p50 (goal <= 0.7x), cached/peer throughput at 32 (goal >= 5x) - the gateway's CPU per call of a hit and of a miss,
-and the purge and write timings pooled over every round (p50, p99, max; the write's goal: p99 <= 100 ms).
-
-A run with any non-2xx answer, socket error or wrong body, a purge or write answered wrongly, or a stale answer
-after a write fails (exit 1). A dirty tree is refused (--allow-dirty for a smoke; such numbers are not a result);
-the commit is recorded. Output: loadtests/results/cache-<timestamp>/ (--out): results.jsonl, meta.json, results.md;
---publish copies it to docs/bench/raw/ and writes docs/bench/<date>-cache.md.
+Three cells, one gunicorn worker each on --target-cpu, the lookup over a hot set of --hot accounts: `uncached`
+(GET /q/account), `cached` (the same process, GET /q/account_cached with cache_ttl --ttl) and `peer` (QueryAPIGate
+0.43.0 with its Redis response cache, the same query and TTL); and a fourth server with --workers workers, the shared
+tier on and writes allowed, for the purge and write timings (invalidation.py). Each server has its own store and
+Redis. The harness's method (warm-up, /health floors, rounds rotated, wrk checking every body, the others frozen),
+then in each round --purges/--rounds purges and --writes/--rounds writes. The report (render.py) judges issue 14's
+goals on paired per-round ratios (worst round) and the timings on pooled percentiles. A wrong answer fails the block
+(exit 1); --publish copies the run to docs/bench/raw/ and writes docs/bench/<date>-cache.md.
 """
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import http.client
 import math
 import os
-import shlex
-import signal
 import subprocess
 import sys
 from pathlib import Path
 
 import redis
 
-from ... import peer, rundir, system, targets, wrk
-from ...harness import (
-    WARMUP_CONNECTIONS,
-    Block,
-    Frozen,
-    WorkerCpu,
-    add_data_source,
-    collect_versions,
-    ensure_data,
-    floor,
-    local_postgres,
-    log,
-    now_iso,
-    pin_postgres,
-    progress_line,
-    require_clean_tree,
-    rotated,
-)
+from ... import harness, peer, report, rundir, system, targets
+from ...harness import WARMUP_CONNECTIONS, Block, log, now_iso
 from ...system import REPO
 from ...targets import Target, TargetError
 from . import CACHED, PEER, UNCACHED, invalidation
 from .render import publish, verdicts
-from .render import write as write_report
 
 BLOCK = 'cache'
 CACHED_QUERY = 'account_cached'
@@ -76,153 +38,85 @@ DEPOSIT = 'deposit'
 
 
 def parse_args(argv=None):
-    parser = argparse.ArgumentParser(prog='python -m loadtests.bench cache', description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_data_source(parser, local_pg_port=54530)
-    parser.add_argument('--rounds', type=int, default=5)
-    parser.add_argument('--duration', type=float, default=10, help='seconds per wrk run (default 10)')
-    parser.add_argument('--connections', default='32,1', help='wrk -c values, one cell each (default 32,1)')
-    parser.add_argument('--hot', type=int, default=1000, help='accounts of the hot set (default 1,000)')
-    parser.add_argument('--ttl', type=int, default=60, help='cache_ttl of the cached query (default 60)')
-    parser.add_argument('--warmup', type=float, default=5, help='seconds of warm-up per target (0: none)')
-    parser.add_argument('--floor-duration', type=float, default=10, help='seconds of the /health floor (0: none)')
-    parser.add_argument('--floor-connections', type=int, default=32)
-    parser.add_argument('--no-peer', action='store_true', help='leave QueryAPIGate out (a smoke without it)')
-    parser.add_argument('--peer-cache-ttl', default=peer.METADATA_CACHE_TTL,
-                        help='the peer\'s QUERYAPIGATE_METADATA_CACHE_TTL (default 5)')
-    parser.add_argument('--workers', type=int, default=4, help='workers of the invalidation server (default 4)')
-    parser.add_argument('--purges', type=int, default=1000, help='purges over the whole block (default 1,000)')
-    parser.add_argument('--writes', type=int, default=1000, help='writes over the whole block (default 1,000)')
-    parser.add_argument('--fill-calls', type=int, default=8,
-                        help='calls that cache the entry on the workers before each purge or write (default 8)')
-    parser.add_argument('--checks', type=int, default=4,
-                        help='calls after each write that must answer the new balance (default 4)')
-    parser.add_argument('--target-cpu', default='1', help='taskset CPU list of the 1-worker targets (default 1)')
-    parser.add_argument('--fleet-cpus', default=None,
-                        help='CPU list of the invalidation server (default: every usable core)')
-    parser.add_argument('--load-cpu', default='0', help='taskset CPU list of wrk (default 0)')
-    parser.add_argument('--pg-cpu', default='0', help="CPU list for PostgreSQL and the Redis servers; 'off' leaves them")
-    parser.add_argument('--wrk-timeout', type=float, default=None)
-    parser.add_argument('--base-port', type=int, default=18200,
-                        help='the gateway here, the peer +1, the invalidation server +2, their Redis +10..+12')
-    parser.add_argument('--keep-stores', action='store_true')
-    parser.add_argument('--allow-dirty', action='store_true',
-                        help='run from a tree with uncommitted changes (a smoke run; not a result)')
-    parser.add_argument('--publish', action='store_true',
-                        help='copy the run to docs/bench/raw/ and write docs/bench/<date>-cache.md')
-    parser.add_argument('--out', type=Path, default=rundir.RESULTS)
-    args = parser.parse_args(argv)
-    if bool(args.database_url) == bool(args.local_pg):
-        parser.error('give one of --database-url and --local-pg')
+    parser = harness.parser_for(BLOCK, __doc__)
+    add = parser.add_argument
+    harness.add_data_source(parser, local_pg_port=54530)
+    harness.add_run_options(parser)
+    add('--connections', default='32,1', help='wrk -c values, one cell each (default 32,1)')
+    add('--hot', type=int, default=1000, help='accounts of the hot set (default 1,000)')
+    add('--ttl', type=int, default=60, help='cache_ttl of the cached query (default 60)')
+    add('--no-peer', action='store_true', help='leave QueryAPIGate out (a smoke without it)')
+    add('--peer-cache-ttl', default=peer.METADATA_CACHE_TTL, help='the peer\'s QUERYAPIGATE_METADATA_CACHE_TTL')
+    add('--workers', type=int, default=4, help='workers of the invalidation server (default 4)')
+    add('--purges', type=int, default=1000, help='purges over the whole block (default 1,000)')
+    add('--writes', type=int, default=1000, help='writes over the whole block (default 1,000)')
+    add('--fill-calls', type=int, default=8, help='calls that cache the entry before each purge or write')
+    add('--checks', type=int, default=4, help='calls after each write that must answer the new balance')
+    add('--fleet-cpus', default=None, help='CPU list of the invalidation server (default: every usable core)')
+    add('--base-port', type=int, default=18200,
+        help='the gateway here, the peer +1, the invalidation server +2, their Redis +10..+12')
+    add('--keep-stores', action='store_true')
+    add('--publish', action='store_true', help='copy the run to docs/bench/raw/ and write docs/bench/<date>-cache.md')
+    args = harness.parse(parser, argv)
     args.connections = [int(c) for c in args.connections.split(',')]
-    if args.rounds < 1 or args.duration <= 0 or args.hot < 1 or any(c < 1 for c in args.connections):
-        parser.error('--rounds, --duration, --hot and --connections must be positive')
-    if args.purges < 0 or args.writes < 0 or args.workers < 1 or args.fill_calls < 1:
-        parser.error('--purges and --writes must not be negative, --workers and --fill-calls positive')
+    if args.hot < 1 or any(c < 1 for c in args.connections) or args.purges < 0 or args.writes < 0 \
+            or args.workers < 1 or args.fill_calls < 1:
+        parser.error('--hot, --connections, --workers and --fill-calls must be positive, --purges and --writes not '
+                     'negative')
     args.fleet_cpus = args.fleet_cpus or ','.join(str(c) for c in sorted(os.sched_getaffinity(0)))
-    args.out = args.out.resolve()
     args.max_id = args.hot          # what Block.measure hands wrk: keys 1..hot
     args.gateway_root = REPO
     return args
 
 
 def main(argv=None) -> int:
-    args = parse_args(argv)
     argv = list(sys.argv[1:] if argv is None else argv)
-    require_clean_tree(args.allow_dirty)
-    if args.publish and system.git_state()['dirty']:
-        raise SystemExit('--publish needs a committed tree')
-    for tool in ('wrk', 'taskset', 'redis-server'):
-        if not system.tool_path(tool):
-            raise SystemExit(f'{tool} not found')
+    args = parse_args(argv)
     if targets.gateway_available(REPO):
         raise SystemExit(f'gateway: {targets.gateway_available(REPO)}')
-    if not args.no_peer and not peer.GUNICORN.exists():
-        raise SystemExit('the peer is not installed: run `.venv/bin/python -m loadtests.peer setup` (or --no-peer)')
-    if not args.no_peer and subprocess.run([str(peer.PYTHON), '-c', 'import redis'], capture_output=True).returncode:
-        raise SystemExit('the peer has no redis package (its Redis cache needs it): run `.venv/bin/python -m '
-                         'loadtests.peer setup`')
-    run_dir, work_dir = rundir.new(args.out, BLOCK)
-    log(f'block {BLOCK} -> {run_dir} (server logs in {work_dir})')
-    with local_postgres(args):
-        code = _main(args, argv, run_dir, work_dir)
-    if code == 0 and args.publish:
-        log(f'published: {publish(run_dir)}')
-    return code
+    if not args.no_peer and (not peer.GUNICORN.exists() or subprocess.run(
+            [str(peer.PYTHON), '-c', 'import redis'], capture_output=True).returncode):
+        raise SystemExit('the peer or its redis package is missing: run `.venv/bin/python -m loadtests.peer setup` '
+                         '(or --no-peer)')
+    return harness.run_block(BLOCK, args, [BLOCK, *argv], body, report.write, tools=('wrk', 'taskset', 'redis-server'),
+                     errors=(OSError, http.client.HTTPException, redis.RedisError, ValueError), publish=publish)
 
 
-def _main(args, argv: list[str], run_dir: Path, work_dir: Path) -> int:
-    data = ensure_data(args)
-    if data['max_aid'] < args.hot:
-        raise SystemExit(f'pgbench_accounts ends at aid {data["max_aid"]}, below --hot {args.hot}')
-    data['database_url'] = system.redact(args.database_url)
-    pg_root, pg_note = pin_postgres(args)
-    log(pg_note)
+def body(run) -> None:
+    args, meta = run.args, run.meta
+    if run.data['max_aid'] < args.hot:
+        raise ValueError(f'pgbench_accounts ends at aid {run.data["max_aid"]}, below --hot {args.hot}')
     names = [UNCACHED, CACHED] + ([] if args.no_peer else [PEER])
-    meta = {
-        'block': BLOCK, 'started_at': now_iso(), 'finished_at': None,
-        'command': ' '.join(shlex.quote(a) for a in [sys.executable, '-m', 'loadtests.bench', BLOCK, *argv]),
-        'settings': {'rounds': args.rounds, 'duration_s': args.duration, 'connections': args.connections,
-                     'hot': args.hot, 'max_id': args.hot, 'cache_ttl': args.ttl, 'targets': names,
-                     'baseline': UNCACHED, 'warmup_s': args.warmup, 'warmup_connections': WARMUP_CONNECTIONS,
-                     'floor_s': args.floor_duration, 'floor_connections': args.floor_connections,
-                     'workers': args.workers, 'purges': args.purges, 'writes': args.writes,
-                     'fill_calls': args.fill_calls, 'checks': args.checks,
-                     'target_cpu': args.target_cpu, 'fleet_cpus': args.fleet_cpus, 'load_cpu': args.load_cpu,
-                     'pg_cpu': args.pg_cpu,
-                     'order_note': 'targets take turns in an order rotated each round; within a round, connections '
-                                   f'{", ".join(map(str, args.connections))} in that order, then the purges, then '
-                                   'the writes',
-                     'pinning_note': f'the 1-worker targets on CPU {args.target_cpu}, the '
-                                     f'{args.workers}-worker server on {args.fleet_cpus}, wrk on {args.load_cpu} '
-                                     f'(taskset -c); {pg_note}; the Redis servers on {args.pg_cpu}'},
-        'machine': system.machine_info(), 'versions': collect_versions(data), 'data': data, 'targets': [],
-        'work_dir': str(work_dir), 'load_average': {'start': [round(x, 2) for x in os.getloadavg()]},
-        'notes': ['`uncached` and `cached` are one gateway process (one worker) called on two paths; while a cell '
-                  'runs, the other servers are stopped (SIGSTOP); they run (idle) during the purges and writes, and the '
-                  'invalidation server runs (idle) during the /health floors.',
-                  'wrk is a closed loop: latency at a concurrency, not against an offered rate.'],
-    }
-    rundir.write_meta(run_dir, meta)
-
-    def on_term(signum, frame):
-        raise KeyboardInterrupt(f'signal {signum}')
-    signal.signal(signal.SIGTERM, on_term)
-    signal.signal(signal.SIGINT, on_term)
-
-    cleanup: list = []
+    meta['settings'] = {
+        'rounds': args.rounds, 'duration_s': args.duration, 'connections': args.connections, 'hot': args.hot,
+        'max_id': args.hot, 'cache_ttl': args.ttl, 'targets': names, 'baseline': UNCACHED, 'warmup_s': args.warmup,
+        'warmup_connections': WARMUP_CONNECTIONS, 'floor_s': args.floor_duration,
+        'floor_connections': args.floor_connections, 'workers': args.workers, 'purges': args.purges,
+        'writes': args.writes, 'fill_calls': args.fill_calls, 'checks': args.checks, 'target_cpu': args.target_cpu,
+        'fleet_cpus': args.fleet_cpus, 'load_cpu': args.load_cpu, 'pg_cpu': args.pg_cpu,
+        'order_note': 'targets take turns in an order rotated each round; within a round, connections '
+                      f'{", ".join(map(str, args.connections))} in that order, then the purges, then the writes',
+        'pinning_note': f'the 1-worker targets on CPU {args.target_cpu}, the {args.workers}-worker server on '
+                        f'{args.fleet_cpus}, wrk on {args.load_cpu} (taskset -c); {run.pg_note}; the Redis servers '
+                        f'on {args.pg_cpu}'}
+    meta['load_average'] = {'start': [round(x, 2) for x in os.getloadavg()]}
+    meta['notes'] += ['`uncached` and `cached` are one gateway process (one worker) called on two paths; while a cell '
+                      'runs, the other servers are stopped (SIGSTOP); they run (idle) during the purges and writes, '
+                      'and the invalidation server runs (idle) during the /health floors.',
+                      'wrk is a closed loop: latency at a concurrency, not against an offered rate.']
+    run.save()
     balances: dict[int, list[int]] = {}
-    block = Block(BLOCK, run_dir, args, pg_root)
-    failed = None
     try:
-        servers = start_servers(args, work_dir, cleanup)
+        servers = start_servers(args, run.work_dir, run.cleanup)
         meta['targets'] = [t.summary() for t in servers['cells']]
         meta['invalidation_server'] = servers['fleet'].summary()
-        rundir.write_meta(run_dir, meta)
-        run_block(block, args, servers, balances)
-        meta['finished_at'] = now_iso()
+        run.save()
+        run_rounds(run.block, args, servers, balances)
         meta['load_average']['end'] = [round(x, 2) for x in os.getloadavg()]
-        failed = block.verdict()
-    except KeyboardInterrupt as stop:
-        failed = f'interrupted ({stop})'
-    except (TargetError, wrk.WrkError, OSError, http.client.HTTPException, redis.RedisError, ValueError) as error:
-        failed = f'{type(error).__name__}: {error}'
     finally:
-        block.close()
         restore(args.database_url, balances)
-        for process in reversed(cleanup):
-            targets.stop_process(process)
-        if failed:
-            meta['notes'].append(f'Stopped early: {failed.splitlines()[0]}')
-        rundir.write_meta(run_dir, meta)
-        path = write_report(run_dir)
-        log(f'report: {path}')
-    for line in verdicts(*rundir.load(run_dir)):
+    for line in verdicts(meta, rundir.load(run.run_dir)[1]):
         log(line)
-    if failed:
-        log(f'FAILED: {failed}')
-        return 1
-    return 0
 
 
 # --------------------------------------------------------------------------------------
@@ -313,7 +207,7 @@ def cached_twice(target: Target) -> str:
     would measure something else than a cache."""
     seen = []
     for _ in range(2):
-        status, headers = _get(target, f'{target.query_path}?aid=42')
+        status, headers, _ = targets.get(target.url(f'{target.query_path}?aid=42'), target.api_key)
         seen.append(headers.get('x-cache', ''))
         if status != 200:
             raise TargetError(f'{target.name}: {target.query_path}?aid=42 answered {status}')
@@ -321,18 +215,6 @@ def cached_twice(target: Target) -> str:
         raise TargetError(f'{target.name}: a second call of {target.query_path} was not a cache hit (X-Cache '
                           f'{seen})')
     return seen[1]
-
-
-def _get(target: Target, path: str) -> tuple[int, dict]:
-    import urllib.error
-    import urllib.request
-    request = urllib.request.Request(target.url(path), headers={'X-API-Key': target.api_key})
-    try:
-        with urllib.request.urlopen(request, timeout=30) as response:
-            response.read()
-            return response.status, {k.lower(): v for k, v in response.getheaders()}
-    except urllib.error.HTTPError as error:
-        return error.code, {k.lower(): v for k, v in error.headers.items()}
 
 
 def restore(database_url: str, balances: dict[int, list[int]]) -> None:
@@ -354,42 +236,19 @@ def restore(database_url: str, balances: dict[int, list[int]]) -> None:
 # The rounds
 # --------------------------------------------------------------------------------------
 
-def run_block(block: Block, args, servers: dict, balances: dict) -> None:
+def run_rounds(block: Block, args, servers: dict, balances: dict) -> None:
+    """The closed-loop rounds of the three cells (one process for `uncached` and `cached`), and after each round's
+    cells its share of the purges and the writes on the invalidation server."""
     cells, fleet, caller = servers['cells'], servers['fleet'], servers['caller']
     processes = [t for t in cells if t.name in (UNCACHED, PEER)]    # one target per process (floors, freezing)
-
-    def frozen(target: Target) -> list:
-        mine = set(target.pids)
-        return [Frozen([p for p in processes + [fleet] if not set(p.pids) & mine])]
-
-    def probes(target: Target) -> list:
-        return frozen(target) + ([] if target.name == PEER else [WorkerCpu(target.pids[0])])
-
-    for target in cells:
-        if args.warmup > 0:
-            record = block.measure(target, kind='warmup', connections=WARMUP_CONNECTIONS, duration_s=args.warmup,
-                                   probes=probes(target))
-            log(progress_line(record, 'warm-up'))
-    floor(block, processes, 'before', args)
     per_round = {'purges': math.ceil(args.purges / args.rounds), 'writes': math.ceil(args.writes / args.rounds)}
-    for r in range(args.rounds):
-        order = rotated(cells, r)
-        position = 0
-        for c in args.connections:
-            for target in order:
-                record = block.measure(target, kind='run', round=r + 1, position=position, connections=c,
-                                       duration_s=args.duration, order=[t.name for t in order],
-                                       probes=probes(target))
-                position += 1
-                log(progress_line(record, f'round {r + 1}/{args.rounds}'))
-        for kind in ('purges', 'writes'):
-            if not per_round[kind]:
-                continue
-            if kind == 'purges':
-                result = invalidation.purges(caller, per_round[kind], args.hot, args.fill_calls, args.workers)
-            else:
-                result = invalidation.writes(caller, per_round[kind], args.hot, args.fill_calls, args.workers,
-                                             balances, args.checks)
+
+    def timings(r: int) -> None:
+        for kind in (k for k in ('purges', 'writes') if per_round[k]):
+            result = (invalidation.purges(caller, per_round[kind], args.hot, args.fill_calls, args.workers)
+                      if kind == 'purges' else
+                      invalidation.writes(caller, per_round[kind], args.hot, args.fill_calls, args.workers, balances,
+                                          args.checks))
             record = {'block': BLOCK, 'kind': kind, 'round': r + 1, 'target': fleet.name, 'workers': args.workers,
                       'started_at': now_iso(), **result}    # no 'ok': the closed-loop report reads that of wrk runs
             block.write(record)
@@ -397,7 +256,9 @@ def run_block(block: Block, args, servers: dict, balances: dict) -> None:
                 block.failures.append(f'{kind} of round {r + 1}: {len(result["wrong"])} wrong, first: '
                                       f'{result["wrong"][0]}')
             log(timing_line(record, f'round {r + 1}/{args.rounds}'))
-    floor(block, processes, 'after', args)
+    harness.run_rounds(block, cells, args, {t.name: [harness.WorkerCpu(t.pids[0])] for t in cells if t.name != PEER},
+                       others=lambda t: [p for p in processes + [fleet] if not set(p.pids) & set(t.pids)],
+                       floors=processes, after_round=timings)
 
 
 def timing_line(record: dict, prefix: str) -> str:

@@ -29,14 +29,11 @@ Pinning: the gateway's master and workers on --target-cpu; PostgreSQL, Redis and
 """
 from __future__ import annotations
 
-import argparse
 import gc
-import http.client
 import itertools
 import json
 import os
 import random
-import shlex
 import sys
 import threading
 import time
@@ -44,52 +41,21 @@ from pathlib import Path
 
 import psycopg2
 
-from ... import rundir, system, targets
-from ...harness import (
-    add_data_source,
-    ensure_data,
-    local_postgres,
-    log,
-    now_iso,
-    pin_postgres,
-    require_clean_tree,
-    rotated,
-)
-from ...stats import summary
+from ... import harness, report, system, targets
+from ...harness import log, now_iso, rotated
+from ...stats import percentile, summary
 from ..sync.run import wait_workers
-from .render import write as write_report
+from .render import KINDS
 
-KINDS = ('create-key', 'patch-key', 'publish', 'delete-key')
 _NAMES = itertools.count(1)   # key names unique across every Changes of a run
 STORE_DB = 'gwstore_controlplane'
-
-
-class Client:
-    """One keep-alive HTTP connection; every answer's status and time."""
-
-    def __init__(self, base_url: str, headers: dict):
-        host, port = base_url.split('//', 1)[1].split(':')
-        self.conn = http.client.HTTPConnection(host, int(port), timeout=60)
-        self.headers = headers
-
-    def call(self, method: str, path: str, body=None) -> tuple[int, bytes, float]:
-        payload = json.dumps(body).encode() if body is not None else None
-        headers = dict(self.headers, **({'Content-Type': 'application/json'} if payload else {}))
-        started = time.perf_counter()
-        self.conn.request(method, path, body=payload, headers=headers)
-        response = self.conn.getresponse()
-        data = response.read()
-        return response.status, data, (time.perf_counter() - started) * 1000
-
-    def close(self):
-        self.conn.close()
 
 
 class Changes:
     """The management calls the block makes: the four kinds, on keys of its own and the benchmark query."""
 
     def __init__(self, target):
-        self.client = Client(target.base_url, {'X-API-Key': target.admin_key})
+        self.client = targets.Client(target.base_url, {'X-API-Key': target.admin_key})
         self.created: list[str] = []
         self.counter = 0
         self.version = 1
@@ -135,27 +101,18 @@ class Contention:
                 'loadavg_1m': round(os.getloadavg()[0], 2)}
 
 
-def rss_kb(pids) -> list[int]:
-    out = []
-    for pid in pids:
-        try:
-            for line in Path(f'/proc/{pid}/status').read_text().splitlines():
-                if line.startswith('VmRSS:'):
-                    out.append(int(line.split()[1]))
-        except OSError:
-            pass
-    return out
-
-
-def start(args, work_dir: Path, store_url: str, redis_url: str, workers: int):
+def start(run, store_url: str, redis_url: str, workers: int):
+    args = run.args
     target = targets.start_gateway(port=args.gateway_port, cpu=args.target_cpu, store_url=store_url,
-                                   redis_url=redis_url, run_dir=work_dir / f'w{workers}', admin_key=args.admin_key,
+                                   redis_url=redis_url, run_dir=run.work_dir / f'w{workers}', admin_key=args.admin_key,
                                    extra_env={'GATEWAY_WORKERS': str(workers), 'GATEWAY_THREADS': str(args.threads),
                                               'GATEWAY_LOG_LEVEL': 'warning'},
                                    name=f'gateway-{workers}w', root=args.gateway_root)
+    run.cleanup.append(target.process)
     target.description = f'gateway-fleet, {workers} workers, {args.threads} threads each'
     targets.wait_healthy(target, timeout_s=300)
     pids = wait_workers(redis_url, target.pids[0], workers, timeout_s=600)
+    run.meta['targets'].append(target.summary())
     return target, pids
 
 
@@ -213,7 +170,7 @@ def grow_keys(target, count: int, sequential: int, clients: int, write, redis_ur
     lock = threading.Lock()
 
     def create(names) -> None:
-        client = Client(target.base_url, {'X-API-Key': target.admin_key})
+        client = targets.Client(target.base_url, {'X-API-Key': target.admin_key})
         try:
             for name in names:
                 status, _, ms = client.call('POST', '/api/v1/api-keys', targets.key_body(name))
@@ -256,7 +213,7 @@ def grow_keys(target, count: int, sequential: int, clients: int, write, redis_ur
 
 
 def grow_queries(target, store_url: str, api_count: int, total: int, write) -> None:
-    client = Client(target.base_url, {'X-API-Key': target.admin_key})
+    client = targets.Client(target.base_url, {'X-API-Key': target.admin_key})
     samples, errors = [], {}
     started = time.monotonic()
     try:
@@ -286,7 +243,7 @@ def grow_queries(target, store_url: str, api_count: int, total: int, write) -> N
     finally:
         conn.close()
     # The next change makes every worker load the whole (grown) catalog before the call returns.
-    client = Client(target.base_url, {'X-API-Key': target.admin_key})
+    client = targets.Client(target.base_url, {'X-API-Key': target.admin_key})
     try:
         status, _, gap_ms = client.call('POST', '/api/v1/api-keys', targets.key_body('grow-gap'))
     finally:
@@ -380,7 +337,7 @@ def management_calls(changes: Changes, kinds, samples: int, rounds: int, workers
 def data_plane(target, max_id: int, seconds: float, changing: bool, change_every: float, pids, write,
                round_index: int) -> None:
     """One caller on one keep-alive connection for `seconds`; with `changing`, a change every `change_every` s."""
-    caller = Client(target.base_url, {'X-API-Key': target.api_key})
+    caller = targets.Client(target.base_url, {'X-API-Key': target.api_key})
     stop = threading.Event()
     made: list = []
 
@@ -432,157 +389,109 @@ def data_plane(target, max_id: int, seconds: float, changing: bool, change_every
 
 
 def _pct(values, q):
-    from ...stats import percentile
     value = percentile(values, q)
     return None if value is None else round(value, 3)
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog='python -m loadtests.bench controlplane', description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_data_source(parser, local_pg_port=54510)
-    parser.add_argument('--keys', type=int, default=10_000)
-    parser.add_argument('--sequential-keys', type=int, default=1_000,
-                        help='of --keys, how many one after another (the rest from --key-clients at once)')
-    parser.add_argument('--key-clients', type=int, default=8)
-    parser.add_argument('--queries', type=int, default=5_000)
-    parser.add_argument('--api-queries', type=int, default=300, help='of --queries, how many through the API')
-    parser.add_argument('--workers', type=int, default=4)
-    parser.add_argument('--threads', type=int, default=4, help='GATEWAY_THREADS per worker')
-    parser.add_argument('--samples', type=int, default=200, help='management calls of each kind at --workers')
-    parser.add_argument('--small-samples', type=int, default=100,
-                        help='management calls of each kind before the catalog grows (0: none)')
-    parser.add_argument('--rounds', type=int, default=4, help='rounds the samples are split into')
-    parser.add_argument('--dp-seconds', type=float, default=20)
-    parser.add_argument('--dp-rounds', type=int, default=3)
-    parser.add_argument('--change-every', type=float, default=1.5)
-    parser.add_argument('--scale-workers', default='16,64', help="worker counts measured after (''/none: skip)")
-    parser.add_argument('--scale-samples', type=int, default=40)
-    parser.add_argument('--target-cpu', default='1')
-    parser.add_argument('--pg-cpu', default='0')
-    parser.add_argument('--gateway-port', type=int, default=18012)
-    parser.add_argument('--gateway-root', type=Path, default=targets.REPO,
-                        help='the checkout to run (e.g. an older commit unpacked elsewhere, for a before/after)')
-    parser.add_argument('--redis-port', type=int, default=18389)
-    parser.add_argument('--max-id', type=int, default=1_000_000)
-    parser.add_argument('--keep-stores', action='store_true')
-    parser.add_argument('--reuse-grown', action='store_true',
-                        help="keep the store a previous run grew and skip growing it (and the small-catalog cells)")
-    parser.add_argument('--allow-dirty', action='store_true')
-    parser.add_argument('--out', type=Path, default=rundir.RESULTS)
-    args = parser.parse_args(argv)
-    if not args.database_url and not args.local_pg:
-        raise SystemExit('--database-url or --local-pg is required')
-    require_clean_tree(args.allow_dirty)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = harness.parser_for('controlplane', __doc__)
+    add = parser.add_argument
+    harness.add_data_source(parser, local_pg_port=54510)
+    add('--keys', type=int, default=10_000)
+    add('--sequential-keys', type=int, default=1_000,
+        help='of --keys, how many one after another (the rest from --key-clients at once)')
+    add('--key-clients', type=int, default=8)
+    add('--queries', type=int, default=5_000)
+    add('--api-queries', type=int, default=300, help='of --queries, how many through the API')
+    add('--workers', type=int, default=4)
+    add('--threads', type=int, default=4, help='GATEWAY_THREADS per worker')
+    add('--samples', type=int, default=200, help='management calls of each kind at --workers')
+    add('--small-samples', type=int, default=100, help='management calls of each kind before the catalog grows (0: none)')
+    add('--rounds', type=int, default=4, help='rounds the samples are split into')
+    add('--dp-seconds', type=float, default=20)
+    add('--dp-rounds', type=int, default=3)
+    add('--change-every', type=float, default=1.5)
+    add('--scale-workers', default='16,64', help="worker counts measured after (''/none: skip)")
+    add('--scale-samples', type=int, default=40)
+    add('--target-cpu', default='1')
+    add('--pg-cpu', default='0')
+    add('--gateway-port', type=int, default=18012)
+    add('--gateway-root', type=Path, default=targets.REPO,
+        help='the checkout to run (e.g. an older commit unpacked elsewhere, for a before/after)')
+    add('--redis-port', type=int, default=18389)
+    add('--max-id', type=int, default=1_000_000)
+    add('--keep-stores', action='store_true')
+    add('--reuse-grown', action='store_true',
+        help="keep the store a previous run grew and skip growing it (and the small-catalog cells)")
+    harness.add_output(parser)
+    args = harness.parse(parser, argv)
     args.admin_key = 'adm_controlplane_' + os.urandom(8).hex()
-    run_dir, work_dir = rundir.new(args.out, 'controlplane')
-    log(f'block controlplane -> {run_dir} (target logs in {work_dir})')
     if args.pg_cpu not in ('', 'off'):
         from gateway.settings import parse_cpu_list
         os.sched_setaffinity(0, set(parse_cpu_list(args.pg_cpu)))
-    with local_postgres(args):
-        return _main(args, run_dir, work_dir)
+    return harness.run_block('controlplane', args, ['controlplane', *argv], body, report.write,
+                             tools=('redis-server',))
 
 
-def _main(args, run_dir: Path, work_dir: Path) -> int:
-    data = ensure_data(args)
-    args.max_id = min(args.max_id, data['max_aid'])
-    data['database_url'] = system.redact(args.database_url)
-    _, pg_note = pin_postgres(args)
-    meta = {'block': 'controlplane', 'started_at': now_iso(), 'finished_at': None,
-            'command': ' '.join(shlex.quote(a) for a in [sys.executable, '-m', 'loadtests.bench', 'controlplane',
-                                                          *(sys.argv[2:] if sys.argv[1:2] == ['controlplane']
-                                                            else sys.argv[1:])]),
-            'settings': {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()
-                         if k not in ('admin_key', 'database_url')},
-            'pinning_note': f'gateway master and workers on CPU {args.target_cpu}; Redis and this process on CPU '
-                            f'{args.pg_cpu}; {pg_note}',
-            'machine': system.machine_info(), 'versions': {'git': system.git_state(),
-                                                           'gateway_fleet': system.our_version(),
-                                                           'postgresql': data.get('server_version')},
-            'data': data, 'targets': [], 'work_dir': str(work_dir), 'notes': []}
-    rundir.write_meta(run_dir, meta)
-    results = (run_dir / 'results.jsonl').open('a')
+def body(run) -> None:
+    args, meta = run.args, run.meta
+    meta['settings'] = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()
+                        if k not in ('admin_key', 'database_url')}
+    meta['pinning_note'] = (f'gateway master and workers on CPU {args.target_cpu}; Redis and this process on CPU '
+                            f'{args.pg_cpu}; {run.pg_note}')
+    run.save()
 
     def write(record: dict) -> None:
-        record.setdefault('block', 'controlplane')
-        record['at'] = now_iso()
-        results.write(json.dumps(record) + '\n')
-        results.flush()
+        run.block.write({'block': 'controlplane', **record, 'at': now_iso()})
 
     store_url = system.dsn_with_db(args.database_url, STORE_DB)
     system.recreate_database(args.database_url, STORE_DB, drop=not (args.keep_stores or args.reuse_grown))
-    redis_process, redis_url = targets.start_redis(port=args.redis_port, cpu=args.pg_cpu, run_dir=work_dir)
-    target = None
-    failed = None
+    redis_process, redis_url = targets.start_redis(port=args.redis_port, cpu=args.pg_cpu, run_dir=run.work_dir)
+    run.cleanup.append(redis_process)
+    target, pids = start(run, store_url, redis_url, args.workers)
+    if args.reuse_grown:   # the password was sealed with the previous run's GATEWAY_SECRET_KEY: seal it again
+        body = {k: v for k, v in targets.connection_body(args.database_url).items() if k != 'name'}
+        status, reply = targets.management(target, 'PATCH', f'/connections/{targets.CONNECTION}', body)
+        if status != 200:
+            raise targets.TargetError(f'PATCH /connections/{targets.CONNECTION} answered {status}: {str(reply)[:300]}')
+    target.info['provisioned'] = targets.provision(target, args.database_url)
+    for path, body in ((f'/queries/{targets.QUERY}/versions',
+                        {**targets.query_body(), 'description': 'version 2', 'publish': False}),
+                       ('/api-keys', targets.key_body(Changes.patched))):
+        status, reply = targets.management(target, 'POST', path, body)
+        if status != 201 and not (status == 409 and args.reuse_grown):
+            raise targets.TargetError(f'POST {path} answered {status}: {str(reply)[:300]}')
+    # the store a previous run grew: its workers started on the whole of it
+    rss = {'keys+queries (started on it)' if args.reuse_grown else 'small': system.rss_kb(pids)}
+    if args.small_samples and not args.reuse_grown:   # the same calls on the small catalog first: what growing it changes
+        with_changes(target, args.small_samples, args.rounds, args.workers, write, 'mgmt-small')
+    if not args.reuse_grown:
+        grow_keys(target, args.keys, min(args.sequential_keys, args.keys), args.key_clients, write, redis_url,
+                  store_url)
+        rss['keys'] = system.rss_kb(pids)
+        grow_queries(target, store_url, min(args.api_queries, args.queries), args.queries, write)
+        rss['keys+queries'] = system.rss_kb(pids)
+    write({'step': 'rss', 'workers': len(pids), 'rss_kb': rss, 'ok': True})
+    full_load(store_url, write)
+    with_changes(target, args.samples, args.rounds, args.workers, write, 'mgmt', warm=10)
+    for r in range(args.dp_rounds):
+        for changing in ((False, True) if r % 2 == 0 else (True, False)):
+            data_plane(target, args.max_id, args.dp_seconds, changing, args.change_every, pids, write, r + 1)
+    for workers in [int(w) for w in args.scale_workers.split(',') if w.strip().isdigit()]:
+        targets.stop_process(target.process)
+        target, pids = start(run, store_url, redis_url, workers)
+        with_changes(target, args.scale_samples, 2, workers, write, 'scale')
+        write({'step': 'rss', 'workers': workers, 'rss_kb': {'keys+queries': system.rss_kb(pids)}, 'ok': True})
+
+
+def with_changes(target, samples: int, rounds: int, workers: int, write, step: str, warm: int = 1) -> None:
+    """management_calls after `warm` calls of every kind (the store's sessions, the workers' reload path)."""
+    changes = Changes(target)
     try:
-        target, pids = start(args, work_dir, store_url, redis_url, args.workers)
-        meta['targets'].append(target.summary())
-        if args.reuse_grown:   # the password was sealed with the previous run's GATEWAY_SECRET_KEY: seal it again
-            body = {k: v for k, v in targets.connection_body(args.database_url).items() if k != 'name'}
-            status, reply = targets.management(target, 'PATCH', f'/connections/{targets.CONNECTION}', body)
-            if status != 200:
-                raise targets.TargetError(f'PATCH /connections/{targets.CONNECTION} answered {status}: {str(reply)[:300]}')
-        target.info['provisioned'] = targets.provision(target, args.database_url)
-        for path, body in ((f'/queries/{targets.QUERY}/versions',
-                            {**targets.query_body(), 'description': 'version 2', 'publish': False}),
-                           ('/api-keys', targets.key_body(Changes.patched))):
-            status, reply = targets.management(target, 'POST', path, body)
-            if status != 201 and not (status == 409 and args.reuse_grown):
-                raise targets.TargetError(f'POST {path} answered {status}: {str(reply)[:300]}')
-        rss = {'small': rss_kb(pids)}
-        if args.reuse_grown:   # the store a previous run grew: its workers started on the whole of it
-            rss = {'keys+queries (started on it)': rss['small']}
-        if args.small_samples and not args.reuse_grown:   # the same calls on the small catalog first: what growing it changes
-            changes = Changes(target)
-            try:
-                for kind in KINDS:
-                    changes.make(kind)
-                management_calls(changes, KINDS, args.small_samples, args.rounds, args.workers, write, 'mgmt-small',
-                                 target.pids[0])
-            finally:
-                changes.close()
-        if not args.reuse_grown:
-            grow_keys(target, args.keys, min(args.sequential_keys, args.keys), args.key_clients, write, redis_url,
-                      store_url)
-            rss['keys'] = rss_kb(pids)
-            grow_queries(target, store_url, min(args.api_queries, args.queries), args.queries, write)
-            rss['keys+queries'] = rss_kb(pids)
-        write({'step': 'rss', 'workers': len(pids), 'rss_kb': rss, 'ok': True})
-        full_load(store_url, write)
-        changes = Changes(target)
-        try:
-            for _ in range(10):   # warm-up of every kind
-                for kind in KINDS:
-                    changes.make(kind)
-            management_calls(changes, KINDS, args.samples, args.rounds, args.workers, write, 'mgmt', target.pids[0])
-        finally:
-            changes.close()
-        for r in range(args.dp_rounds):
-            for changing in ((False, True) if r % 2 == 0 else (True, False)):
-                data_plane(target, args.max_id, args.dp_seconds, changing, args.change_every, pids, write, r + 1)
-        scale = [int(w) for w in args.scale_workers.split(',') if w.strip().isdigit()]
-        for workers in scale:
-            targets.stop_process(target.process)
-            target, pids = start(args, work_dir, store_url, redis_url, workers)
-            meta['targets'].append(target.summary())
-            changes = Changes(target)
-            try:
-                for kind in KINDS:
-                    changes.make(kind)
-                management_calls(changes, KINDS, args.scale_samples, 2, workers, write, 'scale', target.pids[0])
-            finally:
-                changes.close()
-            write({'step': 'rss', 'workers': workers, 'rss_kb': {'keys+queries': rss_kb(pids)}, 'ok': True})
-    except (targets.TargetError, KeyboardInterrupt) as error:
-        failed = str(error)
-        meta['notes'].append(f'Stopped early: {failed.splitlines()[0]}')
+        for _ in range(warm):
+            for kind in KINDS:
+                changes.make(kind)
+        management_calls(changes, KINDS, samples, rounds, workers, write, step, target.pids[0])
     finally:
-        if target is not None:
-            targets.stop_process(target.process)
-        targets.stop_process(redis_process)
-        results.close()
-        meta['finished_at'] = now_iso()
-        rundir.write_meta(run_dir, meta)
-        log(f'report: {write_report(run_dir)}')
-    return 1 if failed else 0
+        changes.close()

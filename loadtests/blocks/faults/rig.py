@@ -15,6 +15,7 @@ from pathlib import Path
 import psycopg2
 
 from ... import system
+from ...system import running
 from ...targets import http
 
 INSTANCES = 2
@@ -131,15 +132,6 @@ class Rig:
                 return cur.fetchall()
         finally:
             conn.close()
-
-
-def running(pid: int) -> bool:
-    """Alive and not a zombie (a killed process stays in /proc until its parent reaps it)."""
-    try:
-        stat = Path(f'/proc/{pid}/stat').read_text()
-    except OSError:
-        return False
-    return stat.rsplit(')', 1)[1].split()[0] != 'Z'
 
 
 def wait_gone(pids, timeout_s: float) -> bool:

@@ -1,35 +1,15 @@
 """Block `limits`: admission under realistic limits, what it costs and how exact it is, beside two reference
-designs on the same machine, the same Redis build and the same load (issue 26).
+designs on the same machine, the same Redis build and the same load (issue 26; loadtests/README.md, "The limits
+block").
 
     .venv/bin/python -m loadtests.bench --block limits --local-pg /tmp/bench-pg --mix both --rounds 3 --duration 10
 
-Targets, each one worker pinned to CPU 1 (`--target-cpu`) with its own store database and its own Redis server
-(PostgreSQL, the Redis servers and the load generators on CPU 0); `--limits-targets` picks some:
-
-- `limits-on`: our gateway, GATEWAY_ADMISSION=on (fleet/leases.py), GATEWAY_RATE_LIMIT=1000/minute per client
-  address, GATEWAY_TRUST_PROXY=1 (each call's address from X-Forwarded-For);
-- `limits-off`: the same with GATEWAY_ADMISSION=off (the bus heartbeats and the event stream still use Redis);
-- `limits-envoy`: the same gateway with envoyproxy/ratelimit's algorithm as its admission (fixed windows, one
-  pipelined round trip per call, a near-cache of keys over their limit): loadtests/peers/fixed_window.py, run
-  through loadtests/peers/envoy_app.py - a faithful reimplementation in the harness, not envoy itself;
-- `limits-qag`: QueryAPIGate 0.43.0 with QUERYAPIGATE_REDIS_URL (its shared rate limits and quotas),
-  QUERYAPIGATE_RATE_LIMIT=1000/minute, QUERYAPIGATE_TRUST_PROXY=1.
-
-Mixes (`--mix uniform|skewed|both`, mixes.py): `uniform`, 1,000 keys at 20/second and 1,000 addresses, drawn
-evenly; `skewed`, 10,000 keys (20/second, burst 40, 100,000 calls a day), the hottest 100 making half the calls,
-10,000 addresses. Each target gets each mix's keys through its own Management API, once per run.
-
-Phases:
-
-1. **Cost**, per mix (interleaved rounds, every cell once a round in a rotated order, the other targets frozen):
-   the lookup at wrk -c32 (throughput, worker CPU per call, Redis commands, scripts, reads (round trips) and CPU
-   per call, paired per round against limits-off) and at wrk -c1 -t1 (a single caller's latency, every call's
-   latency kept so the rounds pool into one p99).
-2. **Accuracy** (the last mix chosen, skewed when it is): `--accuracy-keys` keys of the hot set driven at 1x, 2x
-   and 10x their 20/second, open loop with Poisson arrivals (drive.py), every call's send time and answer
-   recorded; compared offline with what an exact token bucket (20/s, the mix's burst, full at the start) admits
-   for the same arrivals (reference.py), and with each design's own rule.
-"""
+Targets (provision.py: `--limits-targets` picks some), one worker each on CPU 1 with its own store and Redis:
+limits-on and limits-off (our gateway, GATEWAY_ADMISSION on and off), limits-envoy (envoyproxy/ratelimit's fixed
+windows as the gateway's admission, loadtests/peers/) and limits-qag (QueryAPIGate 0.43.0 with its Redis limits).
+Mixes: mixes.py. Phases: the cost, per mix, in interleaved rounds at -c32 and at -c1 (every latency kept and
+pooled); then the accuracy at 1x, 2x and 10x the limit, open loop (accuracy.py, drive.py), against an exact token
+bucket on the same arrivals and each design's own rule (reference.py)."""
 from __future__ import annotations
 
 ON, OFF, ENVOY, QAG = 'limits-on', 'limits-off', 'limits-envoy', 'limits-qag'

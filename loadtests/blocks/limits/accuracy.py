@@ -33,7 +33,7 @@ def fill_s(mix: Mix) -> float:
     return mix.burst / KEY_RATE + 0.5
 
 
-def run_phase(block, live: list, mix: Mix, keys_files: dict, args, work_dir: Path) -> None:
+def run_phase(block, live: list, mix: Mix, keys_files: dict, args) -> None:
     multiples = [float(m) for m in args.accuracy_multiples.split(',') if m.strip()]
     measured = [t for t in live if t.name in keys_files and not t.name.endswith('-off')]
     if not multiples or not measured:

@@ -34,15 +34,15 @@ INDEX = {ON: 0, OFF: 1, ENVOY: 2, QAG: 3}   # port offsets
 KEYS_CACHE = REPO / '.bench' / 'limits-keys'
 
 
-def start_targets(args, work_dir: Path, cleanup: list, names: list[str]) -> tuple[list, dict]:
+def start_targets(run, names: list[str]) -> tuple[list, dict]:
     """The targets named, started and provisioned (connection, saved query, one key without limits); returns
     them and their probes (worker CPU, Redis commands) by name."""
     live, probes = [], {}
     for name in names:
         if name == QAG:
-            target, redis_url = start_qag(args, work_dir, cleanup)
+            target, redis_url = start_qag(run)
         else:
-            target, redis_url = start_variant(args, work_dir, cleanup, INDEX[name], name, GATEWAY_VARIANTS[name],
+            target, redis_url = start_variant(run, INDEX[name], name, GATEWAY_VARIANTS[name],
                                               f'gwstore_lim_{name.split("-")[1]}',
                                               wsgi=ENVOY_APP if name == ENVOY else None)
         if name == ENVOY:
@@ -53,23 +53,23 @@ def start_targets(args, work_dir: Path, cleanup: list, names: list[str]) -> tupl
     return live, probes
 
 
-def start_qag(args, work_dir: Path, cleanup: list):
+def start_qag(run):
     """QueryAPIGate 0.43.0 as its image runs it, with its shared rate limits in Redis: QUERYAPIGATE_REDIS_URL
     (counts rate limits and quotas there, ratelimit.py / quotas.py), QUERYAPIGATE_RATE_LIMIT (per client address)
     and QUERYAPIGATE_TRUST_PROXY=1 (the address from X-Forwarded-For, as our gateway's GATEWAY_TRUST_PROXY)."""
     if not peer.GUNICORN.exists():
         raise targets.TargetError(f'{QAG}: QueryAPIGate is not installed: run `.venv/bin/python -m loadtests.peer '
                                   f'setup` ({peer.VENV}), or leave qag out of --limits-targets')
-    run_dir = work_dir / QAG
+    args, run_dir = run.args, run.work_dir / QAG
     process, redis_url = targets.start_redis(port=args.redis_port + INDEX[QAG], cpu=args.pg_cpu, run_dir=run_dir)
-    cleanup.append(process)
+    run.cleanup.append(process)
     store_db = 'qagstore_lim'
     system.recreate_database(args.database_url, store_db, drop=not args.keep_stores)
     extra = {'QUERYAPIGATE_REDIS_URL': redis_url, 'QUERYAPIGATE_RATE_LIMIT': IP_RATE,
              'QUERYAPIGATE_TRUST_PROXY': '1'}
     target = peer.start(port=args.peer_port, cpu=args.target_cpu, run_dir=run_dir,
                         store_url=system.dsn_with_db(args.database_url, store_db), extra_env=extra)
-    cleanup.append(target.process)
+    run.cleanup.append(target.process)
     target.name = QAG
     target.description = (f'QueryAPIGate {peer.VERSION}, 1 worker, 8 threads, rate limits and quotas in Redis '
                           '(QUERYAPIGATE_REDIS_URL)')

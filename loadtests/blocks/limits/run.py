@@ -11,10 +11,11 @@ from .provision import mix_keys, start_targets
 SINGLE_CALLER = 1     # the cell whose every latency is kept (wrk -c1 -t1): a single caller's pooled p99
 
 
-def run(block, args, work_dir, cleanup, meta, save_meta):
+def run(run):
+    args, work_dir, meta = run.args, run.work_dir, run.meta
     mixes = chosen(args.mix)
     names = [TARGETS[n.strip()] for n in args.limits_targets.split(',') if n.strip()]
-    live, probes = start_targets(args, work_dir, cleanup, names)
+    live, probes = start_targets(run, names)
     keys_files: dict = {m.name: {} for m in mixes}
     created: dict = {}
     server = system.redact(args.database_url)
@@ -37,9 +38,9 @@ def run(block, args, work_dir, cleanup, meta, save_meta):
         keys_created_s=created, single_caller=SINGLE_CALLER, accuracy_multiples=args.accuracy_multiples,
         accuracy_keys=args.accuracy_keys, accuracy_duration_s=args.accuracy_duration,
         baseline_note=f'- Ratios: against `{OFF}`, paired per round, in the sections on admission above.')
-    record_variants(meta, live, OFF, save_meta)
+    record_variants(run, live, OFF)
     meta['settings']['baseline'] = None     # the generic tables below mix the mixes' cells: no ratios there
-    save_meta()
+    run.save()
 
     for mix in mixes:
         for target in live:   # the hot set is the mix's own on every target, also one with fewer keys
@@ -48,9 +49,9 @@ def run(block, args, work_dir, cleanup, meta, save_meta):
         log(f'mix {mix.name}: {mix.describe(keys_for(mix, args))}')
         # The skewed mix's hot keys may be asked above their limit at the top of a target's throughput: its 429s
         # are answers (counted and shown per round), not errors.
-        run_rounds(block, live, args, probes, _extra, tags={'mix': mix.name}, cell_env=_cell_env, limited_ok=True)
-    last = mixes[-1]
-    accuracy.run_phase(block, live, last, keys_files[last.name], args, work_dir)
+        run_rounds(run.block, live, args, probes, _extra, tags={'mix': mix.name}, cell_env=_cell_env,
+                   limited_ok=True)
+    accuracy.run_phase(run.block, live, mixes[-1], keys_files[mixes[-1].name], args)
 
 
 def keys_for(mix: Mix, args, target: str | None = None) -> int:

@@ -48,16 +48,14 @@ class AccessLines:
                 'access_lines_per_call': round(lines / calls, 3) if calls else None}
 
 
-def run(block, args, work_dir, cleanup, meta, save_meta):
+def run(run):
     live, probes = [], {}
     for index, (name, extra) in enumerate(TARGETS):
-        extra = {**COMMON, **extra}
-        target, _ = start_variant(args, work_dir, cleanup, index, name, extra, f'gwstore_log_{index}')
+        target, _ = start_variant(run, index, name, {**COMMON, **extra}, f'gwstore_log_{index}')
         live.append(target)
         probes[name] = (WorkerCpu(target.pids[0]), AccessLines(target.log_path))
-    record_variants(meta, live, OFF, save_meta)
-
-    run_rounds(block, live, args, probes, _extra)
+    record_variants(run, live, OFF)
+    run_rounds(run.block, live, run.args, probes, _extra)
 
 
 def _extra(record: dict) -> str:

@@ -2,8 +2,6 @@
 announce wait read from Redis MONITOR, with the fleet idle and under a background wrk load."""
 from __future__ import annotations
 
-import http.client
-import json
 import os
 import signal
 import subprocess
@@ -75,26 +73,6 @@ class Announces:
         return waits
 
 
-class Client:
-    """One keep-alive HTTP connection to the Management API."""
-
-    def __init__(self, base_url: str, admin_key: str):
-        host, port = base_url.split('//', 1)[1].split(':')
-        self.conn = http.client.HTTPConnection(host, int(port), timeout=30)
-        self.headers = {'X-API-Key': admin_key, 'Content-Type': 'application/json'}
-
-    def call(self, method: str, path: str, body) -> tuple[int, float]:
-        payload = json.dumps(body).encode()
-        started = time.perf_counter()
-        self.conn.request(method, '/api/v1' + path, body=payload, headers=self.headers)
-        response = self.conn.getresponse()
-        response.read()
-        return response.status, (time.perf_counter() - started) * 1000
-
-    def close(self):
-        self.conn.close()
-
-
 def change_body(change: str, i: int) -> tuple[str, str, dict]:
     if change == 'patch-key':
         queries = [targets.QUERY] if i % 2 else [targets.QUERY, 'account_alt']
@@ -117,18 +95,17 @@ def wait_workers(redis_url: str, master: int, workers: int, timeout_s: float = 6
     raise targets.TargetError(f'the {workers} workers did not all join the bus within {timeout_s:.0f}s')
 
 
-def run(block, args, work_dir, cleanup, meta, save_meta):
-    store_db = 'gwstore_sync'
-    store_url = system.dsn_with_db(args.database_url, store_db)
-    system.recreate_database(args.database_url, store_db, drop=not args.keep_stores)
-    process, redis_url = targets.start_redis(port=args.redis_port, cpu=args.pg_cpu, run_dir=work_dir / 'sync')
-    cleanup.append(process)
+def run(run):
+    args = run.args
+    store_url = system.dsn_with_db(args.database_url, 'gwstore_sync')
+    system.recreate_database(args.database_url, 'gwstore_sync', drop=not args.keep_stores)
+    process, redis_url = targets.start_redis(port=args.redis_port, cpu=args.pg_cpu, run_dir=run.work_dir / 'sync')
+    run.cleanup.append(process)
     target = targets.start_gateway(port=args.gateway_port, cpu=args.target_cpu, store_url=store_url,
-                                   redis_url=redis_url, run_dir=work_dir / 'sync',
+                                   redis_url=redis_url, run_dir=run.work_dir / 'sync',
                                    extra_env={'GATEWAY_WORKERS': str(args.sync_workers)}, root=args.gateway_root)
-    cleanup.append(target.process)
-    target.name = 'sync'
-    target.description = f'gateway-fleet, {args.sync_workers} workers'
+    run.cleanup.append(target.process)
+    target.name, target.description = 'sync', f'gateway-fleet, {args.sync_workers} workers'
     targets.wait_healthy(target)
     workers = wait_workers(redis_url, target.pids[0], args.sync_workers)
     target.info['provisioned'] = targets.provision(target, args.database_url)
@@ -140,35 +117,40 @@ def run(block, args, work_dir, cleanup, meta, save_meta):
     log(f'sync target ready at {target.base_url}: {len(workers)} workers {workers}, Redis {redis_url}')
     loads = [0] + [c for c in args.connections if c > 0]
     cells = [(change, load) for load in loads for change in CHANGES]
-    meta['targets'] = [target.summary()]
-    meta['settings'].update({
+    run.meta['targets'] = [target.summary()]
+    run.meta['settings'].update({
         'targets': [cell_name(*c) for c in cells], 'baseline': None, 'changes': args.changes,
         'pause_ms': args.sync_pause_ms, 'workers': args.sync_workers, 'loads': loads,
-        'order_note': 'cells take turns in an order rotated each round',
-    })
-    save_meta()
-    client = Client(target.base_url, target.admin_key)
+        'order_note': 'cells take turns in an order rotated each round'})
+    run.save()
+    client = targets.Client(target.base_url, {'X-API-Key': target.admin_key}, timeout=30)
     try:
         for i in range(20):   # warm-up: the store's sessions, the workers' reload path
             for change in CHANGES:
-                client.call(*change_body(change, i))
+                call(client, change, i)
         counter = 0
         for r in range(args.rounds):
             for position, (change, load) in enumerate(rotated(cells, r)):
                 record = run_cell(client, target, redis_url, change, load, args, counter)
                 counter += record['changes']
                 record.update({'block': 'sync', 'kind': 'run', 'round': r + 1, 'position': position,
-                               'started_at': record.pop('_started_at'), 'order': [cell_name(*c) for c in
-                                                                                   rotated(cells, r)]})
-                block.write(record)
+                               'started_at': record.pop('_started_at'),
+                               'order': [cell_name(*c) for c in rotated(cells, r)]})
+                run.block.write(record)
                 lat, ann = record['latency_ms'], record['announce_ms']
                 log(f'round {r + 1}/{args.rounds} {record["target"]}: {record["changes"]} changes, p50 '
                     f'{lat.get("50")} ms, p99 {lat.get("99")} ms, max {lat.get("max")} ms; announce p50 '
-                    f'{ann.get("50")} ms, p99 {ann.get("99")} ms' + ('' if record['ok'] else
-                                                                    '  ⚠ ' + '; '.join(record['problems'])))
+                    f'{ann.get("50")} ms, p99 {ann.get("99")} ms'
+                    + ('' if record['ok'] else '  ⚠ ' + '; '.join(record['problems'])))
     finally:
         client.close()
-    meta['finished_at'] = now_iso()
+
+
+def call(client, change: str, i: int) -> tuple[int, float]:
+    """One change through the Management API: (status, ms)."""
+    method, path, body = change_body(change, i)
+    status, _, ms = client.call(method, '/api/v1' + path, body)
+    return status, ms
 
 
 def cell_name(change: str, load: int) -> str:
@@ -208,7 +190,7 @@ class BackgroundLoad:
                 'errors': data['errors']}, None
 
 
-def run_cell(client: Client, target, redis_url: str, change: str, load: int, args, counter: int) -> dict:
+def run_cell(client, target, redis_url: str, change: str, load: int, args, counter: int) -> dict:
     started_at = now_iso()
     wall = time.monotonic()
     background = BackgroundLoad(target, load, args) if load else None
@@ -222,7 +204,7 @@ def run_cell(client: Client, target, redis_url: str, change: str, load: int, arg
     measured_from = time.monotonic()
     samples, errors = [], {}
     for i in range(args.changes):
-        status, ms = client.call(*change_body(change, counter + i))
+        status, ms = call(client, change, counter + i)
         if 200 <= status < 300:
             samples.append(ms)
         else:
