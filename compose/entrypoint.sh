@@ -1,7 +1,7 @@
 #!/bin/sh
 # Entrypoint of the gateway-fleet image (compose/Dockerfile).
 #
-#   serve (the default)  run the gateway: gunicorn -c fleet/gunicorn_conf.py 'fleet.app:create_app()'
+#   serve (the default)  run the gateway: gunicorn -c fleet/server/gunicorn_conf.py 'fleet.app:create_app()'
 #   anything else        run that command (`fleet seed ...`, `locust ...`, `python ...`)
 #
 # For `serve` it does three things gunicorn_conf.py cannot know inside a container:
@@ -74,7 +74,7 @@ for var, default_port in (("GATEWAY_DATABASE_URL", 5432), ("GATEWAY_REDIS_URL", 
             time.sleep(1)
 PY
 
-python -m gunicorn -c fleet/gunicorn_conf.py 'fleet.app:create_app()' &
+python -m gunicorn -c fleet/server/gunicorn_conf.py 'fleet.app:create_app()' &
 child=$!
 
 drain() {

@@ -1,6 +1,6 @@
 """The composition root and WSGI entry point: ``fleet.app:create_app()``.
 
-    gunicorn -c fleet/gunicorn_conf.py 'fleet.app:create_app()'
+    gunicorn -c fleet/server/gunicorn_conf.py 'fleet.app:create_app()'
 
 It picks the implementations of the gateway's ports (``gateway.ports``) from the settings:
 with ``GATEWAY_REDIS_URL``, the fleet's (``RedisBus``, ``LeasedAdmission`` unless
@@ -19,10 +19,10 @@ from gateway.ports import AdmitAll, LocalSync, Sync
 from gateway.settings import Settings
 from gateway.store.history import AdmittedUsage
 
-from .bus import RedisBus
-from .cache import RedisCacheSync, RedisSharedTier
-from .events import RedisEvents
-from .leases import LeasedAdmission
+from .shared.bus import RedisBus
+from .shared.cache import RedisCacheSync, RedisSharedTier
+from .shared.events import RedisEvents
+from .shared.leases import LeasedAdmission
 
 
 def ports_for(settings: Settings, sync: Sync | None = None) -> Ports:
@@ -47,7 +47,7 @@ def ports_for(settings: Settings, sync: Sync | None = None) -> Ports:
     return Ports(sync=sync, admission=admission, events=events, cache_sync=cache_sync, cache_shared=cache_shared)
 
 
-# Under gunicorn's worker timeout (60 s, fleet/gunicorn_conf.py): a booting worker sends no heartbeat.
+# Under gunicorn's worker timeout (60 s, fleet/server/gunicorn_conf.py): a booting worker sends no heartbeat.
 STORE_WAIT_S = 45.0
 
 

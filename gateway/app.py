@@ -89,7 +89,7 @@ class Parts:
         self.schemas = schemas
 
     def drain_when(self, draining: Callable[[], bool]) -> None:
-        """From the server's hooks (``fleet/gunicorn_conf.py``): once ``draining()``, ``/ready``
+        """From the server's hooks (``fleet/server/gunicorn_conf.py``): once ``draining()``, ``/ready``
         answers 503 and ``/events`` streams end."""
         self.ready.draining = draining
         if self.events is not None:
@@ -111,7 +111,7 @@ class Parts:
 class GatewayApp(falcon.App):
     """A Falcon app that also holds its gateway parts, so gunicorn hooks can close them, and
     tells the server which calls it can answer from memory (``loop_answers``: the worker's loop
-    answers those itself, fleet/worker.py)."""
+    answers those itself, fleet/server/worker.py)."""
 
     from_memory: FromMemory | None = None
     loop_answers: Callable[[str, tuple, str, str | None], Answer | None] | None = None
@@ -192,7 +192,7 @@ def _migrated_store(settings: Settings, store: psycopg2.extensions.connection | 
     worker boot)."""
     if not settings.database_url:
         raise SystemExit("GATEWAY_DATABASE_URL is not set: start through `fleet up`, or through "
-                         "`gunicorn -c fleet/gunicorn_conf.py`, which starts the embedded default")
+                         "`gunicorn -c fleet/server/gunicorn_conf.py`, which starts the embedded default")
     connect = store_connector(settings)
     conn = store if store is not None else connect()
     try:

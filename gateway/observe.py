@@ -7,7 +7,7 @@ the access log. So a request never takes a logging lock or a metrics lock.
 * Logs are JSON lines, written by one listener thread (``QueueHandler`` in front), so no
   lock is shared by request threads. The access log is sampled (``GATEWAY_ACCESS_LOG_SAMPLE``).
 * Metrics use prometheus-client's multiprocess mode when ``PROMETHEUS_MULTIPROC_DIR`` is
-  set (``fleet/gunicorn_conf.py`` sets one folder per master), so one scrape of any
+  set (``fleet/server/gunicorn_conf.py`` sets one folder per master), so one scrape of any
   worker sees every worker of its master. Counters lag the calls by at most one history
   flush interval.
 """

@@ -1,8 +1,8 @@
 """The ports: what the gateway asks of the world around it, and the in-process versions.
 
 The product depends on these interfaces only; ``fleet`` implements them over Redis
-(``fleet.bus.RedisBus`` is a ``Sync``, ``fleet.leases.LeasedAdmission`` an ``Admission``,
-``fleet.events.RedisEvents`` an ``Events``), and the composition root (``fleet.app``)
+(``fleet.shared.bus.RedisBus`` is a ``Sync``, ``fleet.shared.leases.LeasedAdmission`` an ``Admission``,
+``fleet.shared.events.RedisEvents`` an ``Events``), and the composition root (``fleet.app``)
 chooses. The in-process versions here serve a single process with no Redis: unit tests,
 embedded tools, a gateway run without a fleet.
 

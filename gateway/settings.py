@@ -63,7 +63,7 @@ class Settings:
                              "measurement: docs/bench/), here gunicorn's gthread balanced across the "
                              "master's workers: a worker holding more connections than its least loaded "
                              "sibling stops accepting and moves the excess with `Connection: close`, and "
-                             "restarts hand over without a failed call (fleet/worker.py); `sync` (no "
+                             "restarts hand over without a failed call (fleet/server/worker.py); `sync` (no "
                              "keep-alive); or a gunicorn class path such as "
                              "`gunicorn.workers.gthread.ThreadWorker` (plain, unbalanced).")
     threads: int = _doc(8, "Threads per worker (gthread worker class).")
@@ -83,7 +83,7 @@ class Settings:
                              "with the `gthread` class workers recycle one at a time, each while a sibling "
                              "serves (with a single worker, calls wait while its replacement boots).")
     max_body_bytes: int = _doc(1_048_576, "Largest request body accepted; larger answers 413.")
-    # --- the front: what a connection may cost before its request is whole (fleet/front.py) ----
+    # --- the front: what a connection may cost before its request is whole (fleet/server/front.py) ----
     head_timeout_s: float = _doc(10.0, "Seconds a request head may take to arrive, from its first byte (a new "
                                  "connection: from its accept); past it the connection is answered 408 "
                                  "`request_timeout` and closed. Absolute, so a byte every few seconds does not "

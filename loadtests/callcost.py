@@ -15,7 +15,7 @@ lookup (``aid=42``): no sockets, no gunicorn, only what the gateway's code does 
 - ``callgrind``: instructions (valgrind's callgrind, ``Ir``) of the whole process and of the request thread, a run of
   twice ``--calls`` minus a run of ``--calls`` (so one-off work after the warm-up cancels out);
 - ``opcodes``: Python bytecodes executed (``sys.settrace`` opcode events), by function;
-- ``gunicorn``: system calls of a real gunicorn worker (``fleet/gunicorn_conf.py``, one worker, every thread,
+- ``gunicorn``: system calls of a real gunicorn worker (``fleet/server/gunicorn_conf.py``, one worker, every thread,
   ``strace -c -f -p``) per call, for ``--calls`` keep-alive calls made one after another over one connection
   (1 s of idle threads is counted too: the bus's pings, the history thread's flushes);
 - ``tracemalloc``: bytes allocated and not freed per call, and the peak above the start of a call.
@@ -209,7 +209,7 @@ def gunicorn_strace(root: Path, index: int, args: argparse.Namespace) -> tuple[f
         env.update({"PYTHONPATH": str(root), "GATEWAY_DATABASE_URL": store_url, "GATEWAY_REDIS_URL": args.redis_url,
                     "GATEWAY_ADMIN_KEY": ADMIN, "GATEWAY_SECRET_KEY": SECRET, "GATEWAY_WORKERS": "1",
                     "GATEWAY_CPUS": "off", "GATEWAY_HOME": home, "GATEWAY_LOG_LEVEL": "warning"})
-        master = subprocess.Popen([str(VENV_PY.parent / "gunicorn"), "-c", "fleet/gunicorn_conf.py", "--bind",
+        master = subprocess.Popen([str(VENV_PY.parent / "gunicorn"), "-c", "fleet/server/gunicorn_conf.py", "--bind",
                                    f"127.0.0.1:{port}", "fleet.app:create_app()"], cwd=root, env=env,
                                   stdout=subprocess.DEVNULL, stderr=open(Path(home) / "log", "wb"),
                                   start_new_session=True)
@@ -312,7 +312,7 @@ def run_child(root: Path, index: int, args: argparse.Namespace, mode: str, calls
         env = {k: v for k, v in os.environ.items() if not k.startswith("GATEWAY_")}
         env["PYTHONPATH"] = str(root)
         env["PYTHONHASHSEED"] = "0"
-        if not target:   # as in a gunicorn worker (fleet/gunicorn_conf.py): the metrics in multiprocess mode
+        if not target:   # as in a gunicorn worker (fleet/server/gunicorn_conf.py): the metrics in multiprocess mode
             env["PROMETHEUS_MULTIPROC_DIR"] = tmp
         done = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True)
         if done.returncode != 0 or not out.exists():

@@ -200,7 +200,7 @@ def fleet_env(args, home: Path) -> dict:
 
 
 def fleet(env: dict, *command: str) -> str:
-    done = subprocess.run([sys.executable, "-m", "fleet.cli", *command], cwd=ROOT, env=env,
+    done = subprocess.run([sys.executable, "-m", "fleet.ops.cli", *command], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=300)
     if done.returncode != 0:
         raise SystemExit(f"fleet {' '.join(command)} failed:\n{done.stdout}\n{done.stderr}")

@@ -55,12 +55,12 @@ def add_data_source(parser, local_pg_port: int) -> None:
                         help='postgresql:// URL of the data database (demo, with pgbench_accounts); the targets\' '
                              'stores are created on the same server (needs CREATE DATABASE)')
     parser.add_argument('--local-pg', type=Path, metavar='HOME',
-                        help='instead of --database-url: a PostgreSQL of fleet.local.LocalPostgres under HOME '
+                        help='instead of --database-url: a PostgreSQL of fleet.ops.local.LocalPostgres under HOME '
                              '(started if needed, stopped at the end if the harness started it), its demo database '
-                             'filled by fleet.local.demo.create_demo_data')
+                             'filled by fleet.ops.local.demo.create_demo_data')
     parser.add_argument('--local-pg-port', type=int, default=local_pg_port)
     parser.add_argument('--create-data', action='store_true',
-                        help='if pgbench_accounts is missing, create it with fleet.local.demo.create_demo_data')
+                        help='if pgbench_accounts is missing, create it with fleet.ops.local.demo.create_demo_data')
 
 
 def add_run_options(parser, *, rounds: int = 5, warmup: float = 5, cpus: bool = True) -> None:
@@ -439,22 +439,22 @@ def _demo_table(args) -> dict:
         return system.check_demo_table(args.database_url)
     except RuntimeError as missing:
         if not args.create_data:
-            raise SystemExit(f'{missing}.\nCreate it (fleet.local.demo.create_demo_data, or pgbench -i) or pass '
-                             '--create-data to call fleet.local.demo.create_demo_data(dsn).') from None
-    from fleet.local.demo import create_demo_data
-    log('creating the demo data (fleet.local.demo.create_demo_data)')
+            raise SystemExit(f'{missing}.\nCreate it (fleet.ops.local.demo.create_demo_data, or pgbench -i) or pass '
+                             '--create-data to call fleet.ops.local.demo.create_demo_data(dsn).') from None
+    from fleet.ops.local.demo import create_demo_data
+    log('creating the demo data (fleet.ops.local.demo.create_demo_data)')
     create_demo_data(args.database_url)
     return system.check_demo_table(args.database_url)
 
 
 @contextmanager
 def local_postgres(args):
-    """``--local-pg``: fleet.local's PostgreSQL, as the gateway's embedded default runs it, for the block's length
+    """``--local-pg``: fleet.ops.local's PostgreSQL, as the gateway's embedded default runs it, for the block's length
     (stopped after it, unless it was running before); nothing with ``--database-url``."""
     if not args.local_pg:
         yield
         return
-    from fleet.local import LocalPostgres
+    from fleet.ops.local import LocalPostgres
     pg = LocalPostgres(args.local_pg, args.local_pg_port)
     was_running = pg.is_running()
     pg.start()

@@ -102,7 +102,7 @@ def on_test_stop(environment, **_kwargs):
 
 def _delete_leftover_victims(host: str):
     """Keys of a churn cycle cut short by the end of the run."""
-    from fleet.local.seed import Api
+    from fleet.ops.local.seed import Api
     try:
         api = Api(host, STATE.admin_key)
         status, body = api.call('GET', '/api/v1/api-keys')

@@ -63,7 +63,7 @@ def ldd_closure(binaries: list[Path]) -> dict[str, Path]:
 
 def pg_layout() -> tuple[Path, Path]:
     """(bindir, sharedir) of this machine's PostgreSQL server."""
-    from fleet.local.embedded import find_pg_bindir
+    from fleet.ops.local.embedded import find_pg_bindir
     bindir = find_pg_bindir()
     share = subprocess.run([str(bindir / 'pg_config'), '--sharedir'], capture_output=True, text=True, check=True)
     return bindir, Path(share.stdout.strip())
@@ -114,7 +114,7 @@ def gather_binaries(root: Path) -> dict:
         if not path:
             raise SystemExit(f'{name} not found here: install it first (scripts/bootstrap)')
         others.append(Path(path).resolve())
-        # redis-server keeps its name (fleet.local and the harness find it by its command line)
+        # redis-server keeps its name (fleet.ops.local and the harness find it by its command line)
         wrap(Path(path).resolve(), tools, '$HERE/../lib', name=name, real_name=f'real/{name}')
     closure = ldd_closure(binaries + others + [p for p in (root / 'pg' / pg_lib.relative_to('/')).glob('*.so')])
     for soname, path in sorted(closure.items()):

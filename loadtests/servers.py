@@ -11,7 +11,7 @@ Servers (``--servers``; the first is the one the others are divided by), each on
 and ``gthread`` (gunicorn's own ThreadWorker with and without it), ``granian`` and ``granian-wide`` (with --backlog
 and --backpressure 8192). Each h1c server is checked to use the C parser (its library mapped in the worker, and a bad
 request line refused in the C parser's words), the others not to; one that cannot start is left out, with why. All
-on the embedded PostgreSQL and Redis (fleet.local, seeded as `fleet up` seeds it), pinned to --pg-cpu.
+on the embedded PostgreSQL and Redis (fleet.ops.local, seeded as `fleet up` seeds it), pinned to --pg-cpu.
 
 Per round, each test on every server in an order rotated each round, the others SIGSTOPped: ``lookup`` and ``hit``
 (wrk -c32, every body checked and a few compared with PostgreSQL's rows; req/s and CPU per call), ``lookup-c1`` and
@@ -63,7 +63,7 @@ class Spec:
 
 
 SPECS = {s.name: s for s in (
-    Spec('current', 'the current worker (fleet.worker.BalancedThreadWorker), pure-Python parser', 'gunicorn',
+    Spec('current', 'the current worker (fleet.server.worker.BalancedThreadWorker), pure-Python parser', 'gunicorn',
          None, 'python'),
     Spec('current-h1c', 'the current worker with gunicorn-h1c (`--http-parser fast`)', 'gunicorn', None, 'fast'),
     Spec('gthread-h1c', "gunicorn's gthread (ThreadWorker) with gunicorn-h1c", 'gunicorn', GTHREAD, 'fast'),
@@ -192,7 +192,7 @@ def _cpus(spec: str) -> list[str]:
 # --------------------------------------------------------------------------------------
 
 class Services:
-    """fleet.local's PostgreSQL and Redis (started if they are not running, stopped at the end if this run started
+    """fleet.ops.local's PostgreSQL and Redis (started if they are not running, stopped at the end if this run started
     them), pinned to --pg-cpu; ``env``: the GATEWAY_* every server gets; ``data``: what the report says of them."""
 
     def __init__(self, args, work_dir: Path):
@@ -211,7 +211,7 @@ class Services:
         self.demo_url = ''
 
     def __enter__(self) -> Services:
-        from fleet.local import LocalPostgres, LocalRedis, ensure_embedded
+        from fleet.ops.local import LocalPostgres, LocalRedis, ensure_embedded
         home = Path(self.settings.home).absolute()
         pg, redis = LocalPostgres(home, self.settings.pg_port), LocalRedis(home, self.settings.redis_port)
         self.started = [s for s in (redis, pg) if not s.is_running()]
@@ -232,8 +232,8 @@ class Services:
         return self
 
     def _demo_data(self) -> str:
-        from fleet import local
-        from fleet.local.demo import create_demo_data, create_demo_reader
+        from fleet.ops import local
+        from fleet.ops.local.demo import create_demo_data, create_demo_reader
         url = local.demo_database_url(self.settings)
         create_demo_data(url)
         password, _ = local.demo_reader_password(self.settings)
@@ -241,11 +241,11 @@ class Services:
         return url
 
     def seed(self, target: Target) -> dict:
-        """The demo (fleet.local.seed, as `fleet up` makes it) and the cache hit's query and key, through
+        """The demo (fleet.ops.local.seed, as `fleet up` makes it) and the cache hit's query and key, through
         `target`'s Management API: {kind: (query path, key)}."""
-        from fleet import local
-        from fleet.local.demo import READER
-        from fleet.local.seed import Api, seed, update_login
+        from fleet.ops import local
+        from fleet.ops.local.demo import READER
+        from fleet.ops.local.seed import Api, seed, update_login
         password, fresh = local.demo_reader_password(self.settings)
         login = {'host': '127.0.0.1', 'port': self.settings.pg_port, 'database': 'demo', 'user': READER,
                  'password': password}
@@ -348,7 +348,7 @@ def start_server(spec: Spec, port: int, cpu: str, service_env: dict, work_dir: P
                '--blocking-threads', str(THREADS), '--host', '127.0.0.1', '--port', str(port), '--log-level',
                'warning', *spec.extra]
     else:
-        cmd = [str(VENV / 'gunicorn'), '-c', 'fleet/gunicorn_conf.py', '--bind', f'127.0.0.1:{port}',
+        cmd = [str(VENV / 'gunicorn'), '-c', 'fleet/server/gunicorn_conf.py', '--bind', f'127.0.0.1:{port}',
                '--http-parser', spec.http_parser or 'auto', 'fleet.app:create_app()']
     log_path = work_dir / f'{spec.name}.log'
     process = targets.start_process(cmd, env=env, cwd=system.REPO, log_path=log_path, cpu=cpu)

@@ -38,11 +38,11 @@ DEFAULT_LAYOUTS = ["1 worker", "2 workers", "4 workers", "2 plain gthread"]
 
 @contextmanager
 def fleet_services(local_pg: str, pg_port: int, redis_port: int, redis_cpu: str | None) -> Iterator[tuple[dict, dict]]:
-    """fleet.local's PostgreSQL with the demo data and an empty store, and a Redis, for one run:
+    """fleet.ops.local's PostgreSQL with the demo data and an empty store, and a Redis, for one run:
     ({url, store_url, redis_url, run_dir, max_aid}, the GATEWAY_SECRET_KEY every master shares
     to read the store's connection password)."""
-    from fleet.local import LocalPostgres
-    from fleet.local.demo import create_demo_data
+    from fleet.ops.local import LocalPostgres
+    from fleet.ops.local.demo import create_demo_data
     pg = LocalPostgres(local_pg, pg_port)
     pg.start()
     try:

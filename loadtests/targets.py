@@ -240,12 +240,17 @@ GATEWAY_VENV = REPO / '.venv'
 
 def gateway_available(root: Path = REPO) -> str | None:
     """None when our gateway can be started from checkout `root`; otherwise what is missing."""
-    missing = [p for p in ('fleet/gunicorn_conf.py',) if not (root / p).exists()]
+    missing = [] if (root / gunicorn_conf(root)).exists() else ['fleet/server/gunicorn_conf.py']
     if not (root / 'fleet/app.py').exists() and not (root / 'gateway/app.py').exists():
         missing.append('fleet/app.py')
     if not (GATEWAY_VENV / 'bin' / 'gunicorn').exists():
         missing.append('.venv/bin/gunicorn')
     return ('missing ' + ', '.join(missing) + f' (in {root})') if missing else None
+
+
+def gunicorn_conf(root: Path) -> str:
+    """The gunicorn configuration of checkout `root`: fleet/server/ since fleet/ was split (issue 27), fleet/ before."""
+    return 'fleet/server/gunicorn_conf.py' if (root / 'fleet' / 'server').is_dir() else 'fleet/gunicorn_conf.py'
 
 
 def wsgi_entry(root: Path) -> str:
@@ -259,7 +264,7 @@ def start_gateway(*, port: int, cpu: str, store_url: str, redis_url: str, run_di
                   name: str = 'gateway', wsgi: str | None = None) -> Target:
     """Our gateway, one worker pinned to `cpu`, as the lead specified:
     GATEWAY_DATABASE_URL=... GATEWAY_REDIS_URL=... GATEWAY_ADMIN_KEY=... GATEWAY_SECRET_KEY=... GATEWAY_WORKERS=1
-    GATEWAY_CPUS=<cpu> .venv/bin/gunicorn -c fleet/gunicorn_conf.py --bind 127.0.0.1:<port> 'fleet.app:create_app()'
+    GATEWAY_CPUS=<cpu> .venv/bin/gunicorn -c fleet/server/gunicorn_conf.py --bind 127.0.0.1:<port> 'fleet.app:create_app()'
     (also under taskset, so the master sits on the same core as its worker). `root`: the checkout to run (another
     one than this, e.g. an older commit, to compare two builds); the interpreter is always this repo's .venv.
     `wsgi`: the WSGI entry point instead of the checkout's (a factory of loadtests/, run from `root`)."""
@@ -274,7 +279,7 @@ def start_gateway(*, port: int, cpu: str, store_url: str, redis_url: str, run_di
                 'GATEWAY_ADMIN_KEY': admin_key, 'GATEWAY_SECRET_KEY': secrets.token_urlsafe(32),
                 'GATEWAY_WORKERS': '1', 'GATEWAY_CPUS': cpu, 'GATEWAY_HOME': str(home), **(extra_env or {})}
     env.update(settings)
-    cmd = [str(GATEWAY_VENV / 'bin' / 'gunicorn'), '-c', 'fleet/gunicorn_conf.py', '--bind', f'127.0.0.1:{port}',
+    cmd = [str(GATEWAY_VENV / 'bin' / 'gunicorn'), '-c', gunicorn_conf(root), '--bind', f'127.0.0.1:{port}',
            wsgi or wsgi_entry(root)]
     log_path = run_dir / f'{name}.log'
     process = start_process(cmd, env=env, cwd=root, log_path=log_path, cpu=cpu)

@@ -1,5 +1,5 @@
 """The fixtures of every test: one real PostgreSQL and one real Redis for the whole session
-(started through ``fleet.local``, see ``helpers/services.py``), an in-process gateway app on
+(started through ``fleet.ops.local``, see ``helpers/services.py``), an in-process gateway app on
 them, and a real gunicorn master for the end-to-end tests. What is not a fixture lives in
 ``helpers/``.
 
@@ -22,7 +22,7 @@ Redis ports are above it:
 - ``GATEWAY_TEST_CORPUS_PG_PORT`` (25469): the hostile-input corpus's own PostgreSQL
   (``governance/test_governance_corpus.py``: hostile SQL runs there as the superuser);
 - ``GATEWAY_TEST_LOCAL_PG_PORT`` (25419), ``GATEWAY_TEST_LOCAL_REDIS_PORT`` (63819): the
-  embedded default's servers (``fleet/test_local.py`` tests ``fleet.local`` itself).
+  embedded default's servers (``fleet/test_local.py`` tests ``fleet.ops.local`` itself).
 """
 from __future__ import annotations
 
@@ -160,7 +160,7 @@ def opened_sessions(monkeypatch):
 # --- a real gunicorn master --------------------------------------------------------------
 @pytest.fixture(scope="session")
 def gunicorn(services, tmp_path_factory, app) -> Master:
-    """``gunicorn -c fleet/gunicorn_conf.py`` with 2 workers, on a free port; SIGTERM at the end.
+    """``gunicorn -c fleet/server/gunicorn_conf.py`` with 2 workers, on a free port; SIGTERM at the end.
 
     It shares the store and Redis with the in-process app (``app`` is listed so it is
     closed after this master stops): both belong to one fleet.

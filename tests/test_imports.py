@@ -10,7 +10,7 @@ from pathlib import Path
 from helpers.imports import arrows, cycles, import_graph
 from helpers.util import ROOT
 
-SKIP = {"fleet.gunicorn_conf"}   # a gunicorn config: importing it starts the embedded default
+SKIP = {"fleet.server.gunicorn_conf"}   # a gunicorn config: importing it starts the embedded default
 
 
 def modules() -> list[str]:
@@ -123,14 +123,16 @@ def fleet_violations(root: Path) -> list[str]:
 
 def test_fleet_implements_ports_and_builds_the_app_in_one_place(tmp_path):
     assert fleet_violations(ROOT) == []
-    (tmp_path / "fleet").mkdir()
+    (tmp_path / "fleet" / "shared").mkdir(parents=True)
     (tmp_path / "gateway" / "pipeline").mkdir(parents=True)
     (tmp_path / "gateway" / "app.py").write_text("")
-    (tmp_path / "fleet" / "bus.py").write_text("from gateway.pipeline import call\nfrom gateway.app import build_app\n"
-                                               "import loadtests.bench\nfrom gateway.ports import Sync\n")
+    (tmp_path / "fleet" / "shared" / "bus.py").write_text("from gateway.pipeline import call\n"
+                                                          "from gateway.app import build_app\n"
+                                                          "import loadtests.bench\nfrom gateway.ports import Sync\n")
     assert [line.split(": ")[0] for line in fleet_violations(tmp_path)] == [
-        "fleet.bus:1 imports gateway.pipeline", "fleet.bus:1 imports gateway.pipeline.call",
-        "fleet.bus:2 imports gateway.app", "fleet.bus:2 imports gateway.app.build_app", "fleet.bus:3 imports loadtests.bench"]
+        "fleet.shared.bus:1 imports gateway.pipeline", "fleet.shared.bus:1 imports gateway.pipeline.call",
+        "fleet.shared.bus:2 imports gateway.app", "fleet.shared.bus:2 imports gateway.app.build_app",
+        "fleet.shared.bus:3 imports loadtests.bench"]
 
 
 def test_the_import_rule_can_fail(tmp_path):
@@ -146,7 +148,7 @@ def test_the_import_rule_can_fail(tmp_path):
     (gw / "model" / "a.py").write_text("from ..governance import b\n\ndef f():\n    from gateway.http import c\n")
     (gw / "governance" / "b.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
                                             "    from ..pipeline import call\nfrom ..model import a\n")
-    (gw / "http" / "c.py").write_text("from ..errors import x\nfrom ..model import a\nimport fleet.bus\n")
+    (gw / "http" / "c.py").write_text("from ..errors import x\nfrom ..model import a\nimport fleet.shared.bus\n")
     (gw / "pipeline" / "call.py").write_text("from ..model import a\n")
     found = "\n".join(violations(tmp_path))
     assert "gateway.newpart has no layer" in found
@@ -154,7 +156,7 @@ def test_the_import_rule_can_fail(tmp_path):
     assert "gateway.model.a:4 imports gateway.http: parts (model) may not import http (http)" in found
     assert "gateway.governance.b:3 imports gateway.pipeline: parts (governance) may not import" in found
     assert "gateway.http.c:2 imports gateway.model: http reaches below the use cases only" in found
-    assert "gateway.http.c:3 imports fleet.bus: gateway imports nothing from fleet" in found
+    assert "gateway.http.c:3 imports fleet.shared.bus: gateway imports nothing from fleet" in found
     assert "runtime import cycle between governance http model" in found
     # the allowed arrows: http's typed errors, a use case importing the model
     assert not [line for line in found.splitlines() if line.startswith(("gateway.http.c:1", "gateway.pipeline.call:"))]

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from setuptools.config.setupcfg import read_configuration
 
-from fleet import cli
+from fleet.ops import cli
 from gateway import __version__
 from gateway.http.openapi import Describer
 from gateway.model.catalog import Catalog

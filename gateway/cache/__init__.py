@@ -4,7 +4,7 @@ optional shared tier, and invalidation that every worker acknowledges.
 * ``entry``: one cached answer (the unmasked rows of one page) and its Redis encoding.
 * ``keys``: what makes an answer unique (the digest) and which tables it read.
 * ``memory``: the worker's LRU, bounded in bytes; purges applied to it.
-* ``ports``: ``SharedTier`` and ``CacheSync`` (what the fleet implements in ``fleet.cache``)
+* ``ports``: ``SharedTier`` and ``CacheSync`` (what the fleet implements in ``fleet.shared.cache``)
   and their in-process versions.
 * ``service``: ``ResponseCache``, what the pipeline and the Management API use (single
   flight, the freshness lease, purges and writes announced to the fleet).

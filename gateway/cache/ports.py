@@ -1,4 +1,4 @@
-"""The cache's ports: what the fleet supplies (``fleet.cache``) and the in-process versions.
+"""The cache's ports: what the fleet supplies (``fleet.shared.cache``) and the in-process versions.
 
 * ``SharedTier``: answers shared by every worker (Redis). ``get`` returns the entry and a
   token for a conditional ``put`` (a fill that began before a purge is not stored after

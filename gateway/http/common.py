@@ -95,7 +95,7 @@ def read_json(req: falcon.Request, max_bytes: int) -> dict:
 
 
 def _malformed() -> GatewayError:
-    # The worker's front refuses malformed framing before the application (fleet/front.py), with
+    # The worker's front refuses malformed framing before the application (fleet/server/front.py), with
     # the same code; this is for what reaches it anyway (another server, TLS, a body cut short).
     return GatewayError(400, "malformed_request", "the request body could not be read (its framing is malformed "
                         "or it ended early)", headers={"Connection": "close"})

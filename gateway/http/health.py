@@ -1,6 +1,6 @@
 """``/health`` (liveness, no I/O) and ``/ready`` (store and shared state reachable).
 
-Both are answered on the server's loop when it asks (``LoopAnswers``, fleet/worker.py), never
+Both are answered on the server's loop when it asks (``LoopAnswers``, fleet/server/worker.py), never
 behind the request threads: a liveness probe that waited for a thread would restart a worker
 whose threads are all held by a slow database, the moment it most needs to keep its place.
 ``/ready`` is then answered from what its watcher saw at most ``READY_WATCH_S`` ago (a thread the
@@ -99,7 +99,7 @@ class Ready:
 
 
 class LoopAnswers:
-    """What the server's loop may answer without a thread (fleet/worker.py asks with each whole,
+    """What the server's loop may answer without a thread (fleet/server/worker.py asks with each whole,
     plain GET): ``/health``, ``/ready`` (``Ready.on_loop``), and calls answered from memory
     (gateway/pipeline/from_memory.py). None: a thread answers."""
 

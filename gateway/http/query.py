@@ -46,7 +46,7 @@ class QueryResource:
         control = env.get("HTTP_CACHE_CONTROL")
         if control is not None:   # most calls send none: no call for it
             reserved = _no_cache(control, reserved)
-        # The server's (fleet/worker.py): the head as received, for a GET it may ask for again.
+        # The server's (fleet/server/worker.py): the head as received, for a GET it may ask for again.
         head = env.get(REPLAYABLE)
         request = None if head is None or control is not None else \
             FromMemory.request(head[0], head[1], env.get("REMOTE_ADDR", ""), env.get("HTTP_X_API_KEY"))

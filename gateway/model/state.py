@@ -1,6 +1,6 @@
 """The worker's current catalog and how far it may be trusted.
 
-The bus (``fleet.bus``) renews a freshness lease each time it hears from Redis. While the
+The bus (``fleet.shared.bus``) renews a freshness lease each time it hears from Redis. While the
 lease holds, a request reads ``holder.catalog`` with no I/O at all. When the lease has run
 out (the bus is down or slow), a request first asks the store for the catalog's generation
 (one small read) and applies what changed if it moved, so a worker cut off from the bus never serves a

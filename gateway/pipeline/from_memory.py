@@ -1,5 +1,5 @@
 """Calls this worker answers again from its memory alone, on the server's loop, without the
-pipeline: asked by the server (fleet/worker.py) before it hands a request to a thread.
+pipeline: asked by the server (fleet/server/worker.py) before it hands a request to a thread.
 
 Why: a cache hit waits on nothing, yet through gunicorn's thread hand-off, Falcon and the
 pipeline it cost about 93 us of a worker's CPU, against 117 for a call that asks the
@@ -73,7 +73,7 @@ if TYPE_CHECKING:
     from .identify import AdminIdentity
 
 MAX_LEARNED = 10_000
-# Set by the server (fleet/worker.py) on a plain GET without Cache-Control: the head as received,
+# Set by the server (fleet/server/worker.py) on a plain GET without Cache-Control: the head as received,
 # (target, the header fields but X-API-Key), for FromMemory.request.
 REPLAYABLE = "gateway.replayable"
 STATUS_LINES = {200: "200 OK", 304: "304 Not Modified"}

@@ -260,7 +260,7 @@ class AdmittedUsage:
     since ``since`` (epoch seconds) and the rows they returned, as the history holds them.
 
     The admission's quota counters live in Redis; when one is (re)created, at the start of a
-    period or after Redis lost it, it starts from this (``fleet.leases``), so it is read once
+    period or after Redis lost it, it starts from this (``fleet.shared.leases``), so it is read once
     per key and period, or after a loss, never per call. One connection (``oneconn.OneConnection``).
     Runs written before the ``admitted`` column count when they succeeded.
     """

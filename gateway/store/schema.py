@@ -101,7 +101,7 @@ MIGRATIONS: list[str] = [
     CREATE INDEX gw_audit_kind_name ON gw_audit (kind, name, at);
     """,
     # 3: which runs passed admission (their key's rate limit and quota were charged), so a
-    # quota counter lost with Redis is rebuilt from the history (fleet.leases); NULL on runs
+    # quota counter lost with Redis is rebuilt from the history (fleet.shared.leases); NULL on runs
     # written before this column, where status 200 stands for it. The index serves that
     # rebuild: one key's runs since its period began.
     """

@@ -1,7 +1,7 @@
 """The gateway with envoyproxy/ratelimit's fixed windows as its admission: a WSGI factory of the benchmark harness,
 so the product gains no setting for it.
 
-    gunicorn -c fleet/gunicorn_conf.py 'loadtests.peers.envoy_app:create_app()'
+    gunicorn -c fleet/server/gunicorn_conf.py 'loadtests.peers.envoy_app:create_app()'
 
 Built as fleet/app.py's ``create_app`` builds the gateway (the same bus, events, cache sync and store), with the
 fleet's ports chosen for GATEWAY_ADMISSION=off and then the admission replaced by ``FixedWindowAdmission``

@@ -18,7 +18,7 @@ import os
 import sys
 from pathlib import Path
 
-from fleet.local.seed import Api
+from fleet.ops.local.seed import Api
 
 CONNECTION = os.environ.get('LOADTEST_CONNECTION', 'demo')
 WRITE_CONNECTION = os.environ.get('LOADTEST_WRITE_CONNECTION', 'demo_writer')

@@ -313,7 +313,7 @@ def test_metrics_count_hits_misses_and_bytes(app, api, endpoint, table):
     ep = endpoint(READ.format(t=table), PARAMS, cache_ttl=60)
     cache = app.parts.cache
     # The session's app shares its catalog bus's worker id with the apps other tests make in this process
-    # (fleet.bus: one per process), so it may learn of the new query a moment late: wait for it.
+    # (fleet.shared.bus: one per process), so it may learn of the new query a moment late: wait for it.
     wait_until(lambda: api.call(ep.query, ep.secret, {"page_size": "1"}).status == 200, 5, what="the new query")
     hits, misses = cache.hits, cache.misses
     states = [api.call(ep.query, ep.secret).headers.get("X-Cache") for _ in range(2)]

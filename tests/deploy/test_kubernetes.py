@@ -10,7 +10,7 @@ depends on in them is checked by hand below, the rest is not validated.
 Then each check reads the rendered objects against the code: ports and probe paths against the
 settings and the routes, every GATEWAY_* name against ``gateway.settings.Settings``, the worker
 count against the CPU request, the drain against gunicorn's graceful stop and the entrypoint, the
-Redis and store URLs against what ``fleet.redis_client`` parses and the Services the overlay
+Redis and store URLs against what ``fleet.shared.redis_client`` parses and the Services the overlay
 makes, the secrets against the Secret the overlay generates, the metrics KEDA asks for against
 what ``gateway.observe`` exports. Each check is a function of the rendered objects returning
 its problems, and ``test_each_check_catches_a_broken_manifest`` feeds each one a broken copy:
@@ -40,7 +40,7 @@ from kubernetes_validate import utils as kube_validate
 from packaging.version import Version
 
 from fleet import app as fleet_app
-from fleet.redis_client import RedisTarget
+from fleet.shared.redis_client import RedisTarget
 from gateway.settings import PREFIX, Settings
 from helpers.util import ROOT
 
@@ -49,7 +49,7 @@ OVERLAYS = ("redis-single", "redis-sentinel", "redis-cluster", "external", "demo
 # The external overlay with its optional components switched on (its commented `components:`).
 WITH_OPTIONAL = "external+monitoring+keda"
 RENDERED = (*OVERLAYS, WITH_OPTIONAL)
-# What GATEWAY_REDIS_URL is in each (fleet/redis_client.py's modes).
+# What GATEWAY_REDIS_URL is in each (fleet/shared/redis_client.py's modes).
 REDIS_MODE = {"redis-single": "single", "redis-sentinel": "sentinel", "redis-cluster": "cluster",
               "external": "single", "demo": "single", WITH_OPTIONAL: "single"}
 # Custom resources: no schema in kubernetes-validate; the checks below read what matters.
@@ -71,7 +71,7 @@ Docs = list[dict]
 
 # --- the code's numbers ------------------------------------------------------------------------
 def _assigned(path: Path, name: str) -> Any:
-    """A module-level constant of a file, read without running it (fleet/gunicorn_conf.py starts
+    """A module-level constant of a file, read without running it (fleet/server/gunicorn_conf.py starts
     the embedded servers when imported without URLs)."""
     for node in ast.parse(path.read_text()).body:
         if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == name for t in node.targets):
@@ -79,8 +79,8 @@ def _assigned(path: Path, name: str) -> Any:
     raise AssertionError(f"{name} is not assigned in {path}")
 
 
-GRACEFUL_TIMEOUT_S = _assigned(ROOT / "fleet" / "gunicorn_conf.py", "graceful_timeout")
-WORKER_TIMEOUT_S = _assigned(ROOT / "fleet" / "gunicorn_conf.py", "timeout")
+GRACEFUL_TIMEOUT_S = _assigned(ROOT / "fleet" / "server" / "gunicorn_conf.py", "graceful_timeout")
+WORKER_TIMEOUT_S = _assigned(ROOT / "fleet" / "server" / "gunicorn_conf.py", "timeout")
 ENTRYPOINT = (ROOT / "compose" / "entrypoint.sh").read_text()
 DOCKERFILE = (ROOT / "compose" / "Dockerfile").read_text()
 
@@ -125,7 +125,7 @@ def app_routes() -> set[str]:
 
 
 def fleet_subcommands() -> set[str]:
-    return set(re.findall(r'sub\.add_parser\("([a-z-]+)"', (ROOT / "fleet" / "cli.py").read_text()))
+    return set(re.findall(r'sub\.add_parser\("([a-z-]+)"', (ROOT / "fleet" / "ops" / "cli.py").read_text()))
 
 
 def newest_minors(count: int = 2) -> list[str]:

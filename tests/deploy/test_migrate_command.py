@@ -1,4 +1,4 @@
-"""``fleet migrate`` (fleet/migrate.py), the command deploy/kubernetes' migration Job runs, against
+"""``fleet migrate`` (fleet/ops/migrate.py), the command deploy/kubernetes' migration Job runs, against
 a real PostgreSQL: it brings an empty store to this release's schema and exits, runs again
 without change, says so when the store is newer than the release (and applies nothing), and
 fails with the reason when there is no store to reach, never starting the embedded default."""
@@ -17,7 +17,7 @@ from helpers.util import unique
 def fleet_migrate(url: str, *args: str, home: str) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if not k.startswith("GATEWAY_")}
     env.update({"GATEWAY_DATABASE_URL": url, "GATEWAY_HOME": home})
-    return subprocess.run([sys.executable, "-m", "fleet.cli", "migrate", *args], env=env, capture_output=True,
+    return subprocess.run([sys.executable, "-m", "fleet.ops.cli", "migrate", *args], env=env, capture_output=True,
                           text=True, timeout=120)
 
 

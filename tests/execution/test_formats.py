@@ -24,7 +24,7 @@ from gateway.execution.formats import (
 ORDERS_SQL = ("SELECT id, amount, status, ordered_at, ordered_at::date AS day, amount > 100 AS big, "
               "NULL::text AS nothing FROM orders WHERE id <= :n ORDER BY id")
 ORDERS_PARAMS = {"n": {"type": "int", "default": 3}}
-# orders 1..3 of fleet.local.demo: amount = round(((i * 7927) % 50000) / 100.0 + 4.99, 2),
+# orders 1..3 of fleet.ops.local.demo: amount = round(((i * 7927) % 50000) / 100.0 + 4.99, 2),
 # ordered_at = 2023-06-01 + i * 2h17m, status = (paid, paid, paid, shipped, ...)[i % 8]
 EXPECTED = [
     {"id": 1, "amount": 84.26, "status": "paid", "ordered_at": "2023-06-01T02:17:00+00:00",

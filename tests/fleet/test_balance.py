@@ -2,7 +2,7 @@
 
 With one shared listening socket and plain gthread, whichever worker wakes first accepts a burst
 of keep-alive connections and keeps them for their life (rounds of 0.00+0.94 busy share were
-measured with two workers: the scale-out issue). fleet/worker.py keeps the one shared socket
+measured with two workers: the scale-out issue). fleet/server/worker.py keeps the one shared socket
 (connections queued on it survive any worker's exit) and balances the accepts. With one socket
 per worker (``GATEWAY_REUSE_PORT=on``, ``SO_REUSEPORT``) the kernel spreads connections by a hash
 of their addresses instead, and a worker that leaves resets what is queued on its socket.
@@ -24,7 +24,7 @@ import time
 
 import pytest
 
-from fleet.worker import SLACK
+from fleet.server.worker import SLACK
 from helpers.api import Api
 from helpers.history import key_id, runs_by_worker
 from helpers.load import Load, statuses

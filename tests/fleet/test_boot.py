@@ -41,7 +41,7 @@ def test_a_master_started_while_postgresql_is_down_serves_once_it_is_back(privat
 
 
 def test_the_master_preloads_the_libraries_its_workers_fork_with(services, tmp_path_factory):
-    """fleet/boot.py: the master imported the third-party libraries before forking; their C
+    """fleet/server/boot.py: the master imported the third-party libraries before forking; their C
     extensions are mapped in the master itself (a worker that imported them alone would be the
     only one to map them)."""
     master = Master(services, tmp_path_factory.mktemp("preload-home"), workers=1).start()
@@ -66,11 +66,11 @@ def _compiled_for(source: Path) -> bool:
 
 
 def test_the_master_compiles_our_own_code_once_for_its_workers(tmp_path):
-    """fleet/boot.py ``compile_own_code``: where imports write no bytecode
+    """fleet/server/boot.py ``compile_own_code``: where imports write no bytecode
     (PYTHONDONTWRITEBYTECODE, a read-only checkout) every worker compiled gateway/ and fleet/
     from source at each boot (75 of its 180 ms of CPU); the master compiles them once, and again
     what changed (a SIGHUP re-reads gunicorn_conf.py, which calls it)."""
-    from fleet.boot import OWN_PACKAGES, compile_own_code
+    from fleet.server.boot import OWN_PACKAGES, compile_own_code
     for package in OWN_PACKAGES:
         (tmp_path / package / "inner").mkdir(parents=True)
         (tmp_path / package / "__init__.py").write_text("")
@@ -85,13 +85,13 @@ def test_the_master_compiles_our_own_code_once_for_its_workers(tmp_path):
     assert not _compiled_for(changed)
     assert compile_own_code(tmp_path)
     assert _compiled_for(changed)
-    assert "compile_own_code()" in (Path(__file__).resolve().parents[2] / "fleet" / "gunicorn_conf.py").read_text()
+    assert "compile_own_code()" in (Path(__file__).resolve().parents[2] / "fleet" / "server" / "gunicorn_conf.py").read_text()
 
 
 _WORKER_BOOT = """
 import sys
 import gunicorn.arbiter, gunicorn.config, gunicorn.http.wsgi, gunicorn.workers.gthread   # the master's own
-from fleet.boot import preload_libraries
+from fleet.server.boot import preload_libraries
 assert not preload_libraries()
 before = set(sys.modules)
 from fleet.app import create_app
@@ -105,7 +105,7 @@ def test_a_worker_boot_imports_nothing_the_master_did_not(services, tmp_path):
     """A worker forks from a master that ran ``preload_libraries`` and builds the application:
     every module it imports is our own (each library imported by a worker cost every boot its
     import again: cryptography, sqlglot's PostgreSQL dialect and PyYAML were ~28 ms of CPU
-    together, next to the workers that serve). A new import belongs in ``fleet.boot.LIBRARIES``."""
+    together, next to the workers that serve). A new import belongs in ``fleet.server.boot.LIBRARIES``."""
     import subprocess
     import sys as _sys
 

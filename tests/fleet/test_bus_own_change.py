@@ -1,4 +1,4 @@
-"""The worker that makes a change serves it as soon as its call returns (fleet/bus.py
+"""The worker that makes a change serves it as soon as its call returns (fleet/shared/bus.py
 ``announce``), even when its own bus thread is late past the sync timeout: on a loaded
 machine a key created through a worker was refused by that same worker (401) until its bus
 thread caught up. One in-process app on the session's PostgreSQL and Redis, its bus thread

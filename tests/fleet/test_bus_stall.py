@@ -1,7 +1,7 @@
 """A management change that Redis does not take at first, while every worker's heartbeats keep
 getting through (here: the changing process may not PUBLISH for a second; a stall or failover
 seen by one client and not the others does the same): the workers' leases never run out, so
-the change must still reach them (fleet/bus.py ``announce`` publishes again until Redis takes
+the change must still reach them (fleet/shared/bus.py ``announce`` publishes again until Redis takes
 it), not merely be waited out. Two in-process apps on a PostgreSQL and Redis of this module's
 own: one serving, one changing the catalog as a Redis user of its own."""
 from __future__ import annotations

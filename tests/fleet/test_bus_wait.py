@@ -10,8 +10,8 @@ import time
 import pytest
 import redis
 
-from fleet import bus as bus_mod
-from fleet.bus import ACKS, ALIVE, RedisBus
+from fleet.shared import bus as bus_mod
+from fleet.shared.bus import ACKS, ALIVE, RedisBus
 
 
 @pytest.fixture

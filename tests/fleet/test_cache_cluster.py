@@ -13,8 +13,8 @@ import time
 import pytest
 from redis.cluster import key_slot
 
-from fleet import cache as fleet_cache
-from fleet.cache import RedisCacheSync, RedisSharedTier
+from fleet.shared import cache as fleet_cache
+from fleet.shared.cache import RedisCacheSync, RedisSharedTier
 from gateway.cache.entry import Entry, encode_rows, mac_key
 from gateway.cache.memory import MemoryCache
 from helpers.redis_topologies import TOPOLOGY_PORT, Cluster

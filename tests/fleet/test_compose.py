@@ -7,9 +7,9 @@
   `docker stack config` where the docker CLI is installed; needs no daemon).
 * Every GATEWAY_* name used in compose/ is a gateway setting (or on NOT_SETTINGS), every
   variable the files read is documented in .env.example, and nginx in compose/nginx.conf
-  behaves as fleet/cli.py's NGINX_CONF.
+  behaves as fleet/ops/cli.py's NGINX_CONF.
 * compose/initdb/20-demo.sql and 30-demo-grants.sql are what compose/gen_initdb.py generates
-  from fleet/local/demo.py, and every file in compose/initdb is mounted into the postgres service.
+  from fleet/ops/local/demo.py, and every file in compose/initdb is mounted into the postgres service.
 
 None of this needs PostgreSQL, Redis or a Docker engine.
 """
@@ -28,8 +28,8 @@ from pathlib import Path
 
 import pytest
 
-from fleet import cli
-from fleet.local import demo
+from fleet.ops import cli
+from fleet.ops.local import demo
 from gateway.settings import PREFIX, Settings
 from helpers.util import ROOT
 
@@ -310,7 +310,7 @@ def test_no_secret_in_the_image():
 def test_entrypoint_is_valid_sh():
     out = subprocess.run(["sh", "-n", str(COMPOSE / "entrypoint.sh")], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
-    assert "fleet/gunicorn_conf.py" in (COMPOSE / "entrypoint.sh").read_text()
+    assert "fleet/server/gunicorn_conf.py" in (COMPOSE / "entrypoint.sh").read_text()
 
 
 def _nginx_settings(conf: str, servers_src: str) -> dict:
@@ -333,7 +333,7 @@ def _nginx_settings(conf: str, servers_src: str) -> dict:
 
 
 def test_nginx_matches_fleet_cli():
-    # fleet/cli.py formats NGINX_CONF with paths and the server lines; any placeholder -> "".
+    # fleet/ops/cli.py formats NGINX_CONF with paths and the server lines; any placeholder -> "".
     local = string.Formatter().vformat(cli.NGINX_CONF, (), defaultdict(str))
     ours = NGINX.read_text()
     expected = _nginx_settings(re.sub(r"(?m)^\s*#.*$", "", local), cli.upstream_server("127.0.0.1:1"))
@@ -360,7 +360,7 @@ def test_initdb_sql_is_generated_from_fleet_demo():
     grants = (INITDB / "30-demo-grants.sql").read_text()
     assert demo.reader_grants(demo.READER, "demo") in grants
     assert demo.writer_grants(demo.WRITER, "demo") in grants
-    # ... and, as fleet up does (fleet.local.LocalPostgres.close_to_public), may not open a
+    # ... and, as fleet up does (fleet.ops.local.LocalPostgres.close_to_public), may not open a
     # session on the store's database or the maintenance one.
     roles = (INITDB / "10-roles.sql").read_text()
     for database in ("gateway", "postgres"):

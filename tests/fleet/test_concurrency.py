@@ -1,4 +1,4 @@
-"""A key's ``max_concurrent`` across the fleet (fleet/concurrency.py, the pipeline's admission
+"""A key's ``max_concurrent`` across the fleet (fleet/shared/concurrency.py, the pipeline's admission
 stage): the attack through real gunicorn workers, a worker SIGKILLed holding places, Redis
 unreachable (open and closed), Redis losing the set, and a stream holding its place."""
 from __future__ import annotations
@@ -13,8 +13,8 @@ import pytest
 import redis
 import requests
 
-from fleet.concurrency import RunningCalls, bucket
-from fleet.degraded import DegradedLog
+from fleet.shared.concurrency import RunningCalls, bucket
+from fleet.shared.degraded import DegradedLog
 from gateway.errors import GatewayError
 from gateway.model.catalog import ApiKey
 from helpers.masters import Master

@@ -1,4 +1,4 @@
-"""Logging while degraded is rate-limited (``fleet.degraded``): a worker whose Redis is away
+"""Logging while degraded is rate-limited (``fleet.shared.degraded``): a worker whose Redis is away
 logs once when it starts deciding locally, a summary every ``GATEWAY_DEGRADED_LOG_S``, and
 once when Redis answers again; never a line per failed retry. Driven on a real
 ``LeasedAdmission`` from 4 threads against a real Redis of this module's own, stopped for
@@ -19,7 +19,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from fleet.leases import LeasedAdmission
+from fleet.shared.leases import LeasedAdmission
 from gateway.errors import GatewayError
 from gateway.model.limits import Rate
 from gateway.settings import Settings
@@ -40,7 +40,7 @@ def server(tmp_path_factory):
 def test_degraded_logs_once_per_state_change_plus_a_summary(server, caplog):
     admission = LeasedAdmission(server.url(), Settings(redis_url=server.url(), lease_ms=100,
                                                        redis_timeout_ms=250, degraded_log_s=SUMMARY_S),
-                                workers_hint=lambda: 0)   # no headroom (fleet.rates): the fallback decides
+                                workers_hint=lambda: 0)   # no headroom (fleet.shared.rates): the fallback decides
     key = SimpleNamespace(id=random.randrange(10**9, 10**12), rate=Rate.parse("100000/second", None), quota=None)
     admitted = refused = 0
     counts_lock = threading.Lock()
@@ -60,7 +60,7 @@ def test_degraded_logs_once_per_state_change_plus_a_summary(server, caplog):
             time.sleep(0.001)
 
     threads = [threading.Thread(target=call, daemon=True) for _ in range(4)]
-    caplog.set_level(logging.INFO, logger="fleet.leases")
+    caplog.set_level(logging.INFO, logger="fleet.shared.leases")
     try:
         for t in threads:
             t.start()
@@ -79,7 +79,7 @@ def test_degraded_logs_once_per_state_change_plus_a_summary(server, caplog):
             t.join(5)
         admission.close()
 
-    lines = [r.getMessage() for r in caplog.records if r.name == "fleet.leases" and r.levelno >= logging.WARNING]
+    lines = [r.getMessage() for r in caplog.records if r.name == "fleet.shared.leases" and r.levelno >= logging.WARNING]
     print(f"{len(lines)} lines in {up - down:.1f}s down + 2 s back:\n" + "\n".join(lines))
     began = [m for m in lines if "Redis unreachable" in m]
     summaries = [m for m in lines if "still unreachable" in m]

@@ -1,4 +1,4 @@
-"""The demo connections' roles (fleet/local/demo.py): ``demo_reader`` (``create_demo_reader``) may
+"""The demo connections' roles (fleet/ops/local/demo.py): ``demo_reader`` (``create_demo_reader``) may
 connect to the demo database and SELECT the demo tables, nothing else; ``demo_writer``
 (``create_demo_writer``), the role of the load tests' write connection, may run the deposit
 (``UPDATE pgbench_accounts SET abalance = abalance + :delta WHERE aid = :aid``) and nothing
@@ -16,8 +16,8 @@ import psycopg2
 import psycopg2.errors
 import pytest
 
-from fleet import local
-from fleet.local.demo import (
+from fleet.ops import local
+from fleet.ops.local.demo import (
     READER,
     WRITER,
     create_demo_data,
@@ -27,7 +27,7 @@ from fleet.local.demo import (
     reader_grants,
     writer_grants,
 )
-from fleet.local.seed import update_login
+from fleet.ops.local.seed import update_login
 from gateway.ports import LocalSync
 from gateway.settings import Settings
 from helpers.services import PG_PORT
@@ -399,11 +399,11 @@ def test_update_login_of_the_writer_connection():
 
 def test_fleet_up_seeds_the_demo_connections_with_the_demo_roles(services, demo_db, superuser, monkeypatch,
                                                                     tmp_path):
-    """What `fleet up` saves as the demo connections (``fleet.cli._seed_embedded``, on the
+    """What `fleet up` saves as the demo connections (``fleet.ops.cli._seed_embedded``, on the
     embedded PostgreSQL: here the session's, the passwords this module's): the logins of
     ``demo_reader`` and ``demo_writer``, never the superuser's, and the saved login can read
     the demo tables and nothing else."""
-    from fleet import cli
+    from fleet.ops import cli
 
     saved: dict = {}
     monkeypatch.setattr(cli.local, "demo_database_url", lambda settings: services.pg.url(demo_db))

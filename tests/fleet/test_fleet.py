@@ -2,7 +2,7 @@
 a real Redis and PostgreSQL, many concurrent HTTP clients.
 
 - a key's rate limit holds across every worker within the documented bound
-  ``burst + rate * (T + L)`` (``fleet.leases``), and is not far below ``rate * T``;
+  ``burst + rate * (T + L)`` (``fleet.shared.leases``), and is not far below ``rate * T``;
 - a calls quota admits exactly its calls across the fleet;
 - once a revocation or a publish returns, no call started afterwards sees the old state.
 """

@@ -124,7 +124,7 @@ def test_revocation_across_workers(gunicorn, http, http_endpoint):
 
 def test_one_connection_carries_unread_bodies_and_pipelined_requests(http, http_endpoint, gunicorn):
     """The worker keeps a connection without draining when a request left no body to drain
-    (fleet/worker.py ``_keepalive_after``); a body the application never read is still drained
+    (fleet/server/worker.py ``_keepalive_after``); a body the application never read is still drained
     before the next request is read, and pipelined requests are answered in order."""
     import re
     import socket
@@ -153,7 +153,7 @@ def test_one_connection_carries_unread_bodies_and_pipelined_requests(http, http_
 
 
 def test_no_client_sets_the_path_or_scheme_through_forwarding_headers(gunicorn):
-    """fleet/gunicorn_conf.py: every peer is "trusted" by gunicorn (so it skips parsing the peer's
+    """fleet/server/gunicorn_conf.py: every peer is "trusted" by gunicorn (so it skips parsing the peer's
     address per request) only because nothing is left to trust: no forwarder or scheme header.
     A client on the loopback (a trusted proxy by gunicorn's own default) sending SCRIPT_NAME,
     PATH_INFO or X-Forwarded-Proto still gets the route it asked for."""

@@ -16,7 +16,7 @@ import time
 import pytest
 import requests
 
-from fleet.rates import rate_bucket
+from fleet.shared.rates import rate_bucket
 from helpers.api import Api
 from helpers.history import key_id
 from helpers.load import Load, statuses
@@ -71,7 +71,7 @@ def test_redis_restart_under_load(private_services, tmp_path_factory, failure_mo
         admin.ok("POST", f"/queries/{query}/versions",
                  {"connection_name": connection, "sql": "SELECT 2 AS v", "parameters": {}, "publish": False})
         # A limit well above what this machine serves, so refusals mean "no Redis", not "too fast";
-        # a small burst, so the local headroom (fleet.rates: h = 40 / (2 * 4) = 5 calls per worker)
+        # a small burst, so the local headroom (fleet.shared.rates: h = 40 / (2 * 4) = 5 calls per worker)
         # runs out early in the outage and the failure mode decides the rest.
         limited, secret = admin.named_key([query], [connection], rate_limit="5000/second", rate_limit_burst=HEADROOM_BURST)
         _, free_secret = admin.named_key([query], [connection])
@@ -116,7 +116,7 @@ def test_redis_restart_under_load(private_services, tmp_path_factory, failure_mo
     if failure_mode == "open":
         assert statuses(outage) == {(200, None): len(outage)}, statuses(outage)
     else:
-        # What the headroom held (exact without Redis: fleet.rates), then 503.
+        # What the headroom held (exact without Redis: fleet.shared.rates), then 503.
         refused = [c for c in outage if c.status == 503]
         assert set(statuses(outage)) <= {(200, None), (503, "admission_unavailable")}, statuses(outage)
         assert len(outage) - len(refused) <= 4 * HEADROOM_BURST // 8 and len(refused) > 20, statuses(outage)

@@ -1,4 +1,4 @@
-"""Worker pinning under a real gunicorn master (``fleet/gunicorn_conf.py``: pre_fork/post_fork):
+"""Worker pinning under a real gunicorn master (``fleet/server/gunicorn_conf.py``: pre_fork/post_fork):
 each worker on its own core, and a worker killed with SIGKILL is replaced on the core it freed."""
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The front (fleet/front.py, fleet/front_worker.py) through a real gunicorn master, as an attacker
+"""The front (fleet/server/front.py, fleet/server/front_worker.py) through a real gunicorn master, as an attacker
 would try it: connections that send part of a head or a body and then nothing (or a byte now
 and then) hold no thread, are closed at their deadline and counted; malformed framing is one
 400 and a closed connection, before the application or its key check; one address cannot

@@ -1,10 +1,10 @@
-"""The front's framing (fleet/front.py ``Reading``): where a request ends, however its bytes
+"""The front's framing (fleet/server/front.py ``Reading``): where a request ends, however its bytes
 arrive, and what is refused before any thread or parser sees it."""
 from __future__ import annotations
 
 import pytest
 
-from fleet.front import FRONT_CODES, FrontLimits, Reading, Refused
+from fleet.server.front import FRONT_CODES, FrontLimits, Reading, Refused
 from gateway.errors import CODES
 
 LIMITS = FrontLimits(head_timeout_s=10, body_timeout_s=30, max_head_bytes=4096, max_body_bytes=1000,
@@ -105,8 +105,8 @@ def test_the_refusal_is_one_closing_response_with_the_gateways_error_body():
 
 
 def test_the_servers_arrival_stamp_is_the_one_the_application_reads():
-    """fleet/worker.py keeps its own copy (the master must not load the application)."""
-    from fleet import worker
+    """fleet/server/worker.py keeps its own copy (the master must not load the application)."""
+    from fleet.server import worker
     from gateway.http import common
 
     assert worker.ARRIVED == common.ARRIVED
@@ -123,7 +123,7 @@ def test_the_servers_arrival_stamp_is_the_one_the_application_reads():
 ])
 def test_the_usual_get_is_recognised_without_a_reading(data, plain):
     """``lone_plain_head``'s yes must be the ``Reading``'s: one whole request, nothing behind it."""
-    from fleet.front import lone_plain_head
+    from fleet.server.front import lone_plain_head
 
     assert lone_plain_head(data, LIMITS.max_head_bytes) is plain
     if plain:

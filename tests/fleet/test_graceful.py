@@ -1,4 +1,4 @@
-"""Graceful stops and reloads of a real gunicorn master under load (``fleet/gunicorn_conf.py``):
+"""Graceful stops and reloads of a real gunicorn master under load (``fleet/server/gunicorn_conf.py``):
 
 - SIGTERM: every call that was answered is in the run history afterwards (each worker's
   ``worker_exit`` closes its parts; the history thread flushes its queue on close);
@@ -26,7 +26,7 @@ from helpers.load import Callers
 from helpers.masters import start_masters
 from helpers.procs import wait_gone
 
-GRACEFUL_TIMEOUT_S = 30   # fleet/gunicorn_conf.py
+GRACEFUL_TIMEOUT_S = 30   # fleet/server/gunicorn_conf.py
 
 
 @pytest.fixture
@@ -72,7 +72,7 @@ def test_sigterm_under_load_every_answer_is_in_the_history(master_factory, endpo
 
 
 def _left_without_teardown(master, pids) -> None:
-    """Each worker left through fleet/worker.py's ``_exit_now`` (its application closed, then
+    """Each worker left through fleet/server/worker.py's ``_exit_now`` (its application closed, then
     ``os._exit``: the interpreter's teardown skipped), with status 0 (the master logs others).
     The master must log at ``info``."""
     log = master.log_tail(100_000)
@@ -226,7 +226,7 @@ def test_reload_recycling_kill_and_stop_under_load_fail_no_request(services, tmp
     calls the killed worker had in flight (one per client at most: its connection there), and
     after the stop, connections refused (nothing was sent on them). Latency around each event is printed
     (p99, max): asserting 100 ms on this shared 2-core box would fail on its own noise."""
-    from fleet.worker import SLACK
+    from fleet.server.worker import SLACK
     from helpers.api import Api
     from helpers.load import Load
     from helpers.masters import Master

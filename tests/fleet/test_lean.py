@@ -1,4 +1,4 @@
-"""fleet/lean.py against gunicorn's own code: the same bytes on the wire, the same refusals.
+"""fleet/server/lean.py against gunicorn's own code: the same bytes on the wire, the same refusals.
 
 Each case answers one real request (parsed by gunicorn's parser from a socket pair) twice,
 once through gunicorn's ``Response`` and once through ``LeanResponse``, and compares what
@@ -18,7 +18,7 @@ from gunicorn.http import get_parser
 from gunicorn.http.errors import InvalidResponseHeader, InvalidResponseHeaderName
 from gunicorn.http.wsgi import Response
 
-from fleet.lean import GUNICORN_VERSION, FrozenConfig, LeanResponse, http_date, require_gunicorn
+from fleet.server.lean import GUNICORN_VERSION, FrozenConfig, LeanResponse, http_date, require_gunicorn
 
 
 def _answer(response_class: type, request: bytes, status: str, headers: list, body: list[bytes]) -> bytes:
@@ -129,7 +129,7 @@ def test_http_date_is_now():
     (b"POST / HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n", 0, False),
 ])
 def test_nothing_to_drain_only_when_gthread_would_drain_nothing(request_bytes, read, expected):
-    from fleet.lean import nothing_to_drain
+    from fleet.server.lean import nothing_to_drain
     cfg = Config()
     server, client = socket.socketpair()
     try:

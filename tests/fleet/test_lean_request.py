@@ -1,4 +1,4 @@
-"""fleet/lean_request.py against gunicorn's own parser: the same request, or the same refusal.
+"""fleet/server/lean_request.py against gunicorn's own parser: the same request, or the same refusal.
 
 Every case is read twice from the same bytes, by gunicorn's ``RequestParser`` and by
 ``LeanParser``, and everything the worker and the application use is compared: the fields
@@ -19,9 +19,16 @@ from gunicorn.http.parser import RequestParser
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from fleet import lean_request
-from fleet.lean import FrozenConfig
-from fleet.lean_request import REPLAYABLE, LeanParser, LeanRequest, plain_environ, plain_heads_allowed, replayable
+from fleet.server import lean_request
+from fleet.server.lean import FrozenConfig
+from fleet.server.lean_request import (
+    REPLAYABLE,
+    LeanParser,
+    LeanRequest,
+    plain_environ,
+    plain_heads_allowed,
+    replayable,
+)
 from gateway.pipeline import from_memory
 
 CLIENT = ("10.1.2.3", 40000)
@@ -179,7 +186,7 @@ def test_the_server_and_the_application_name_one_environ_key() -> None:
 def test_the_master_does_not_load_the_application() -> None:
     """The worker class is imported by gunicorn's master, before it forks: what it imports is
     shared by every worker (a request id prefix drawn there would be every worker's)."""
-    code = "import sys, fleet.worker; print(sorted(m for m in sys.modules if m.split('.')[0] == 'gateway'))"
+    code = "import sys, fleet.server.worker; print(sorted(m for m in sys.modules if m.split('.')[0] == 'gateway'))"
     loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert loaded.strip() == "[]"
 

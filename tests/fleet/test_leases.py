@@ -1,7 +1,7 @@
-"""``fleet.leases.LeasedAdmission`` against a real Redis, driven directly: several admissions
+"""``fleet.shared.leases.LeasedAdmission`` against a real Redis, driven directly: several admissions
 (one per simulated worker) from several threads each, sharing one bucket in Redis.
 
-The documented bounds (module docstrings of ``fleet.leases`` and ``fleet.rates``): in any
+The documented bounds (module docstrings of ``fleet.shared.leases`` and ``fleet.shared.rates``): in any
 window T, admitted <= burst + rate * (T + L); a calls quota never admits more than its calls;
 quota leftovers go back to the shared counter. (Rate buckets alone: tests/fleet/test_rates.py.)
 """
@@ -12,7 +12,7 @@ import threading
 import pytest
 import redis
 
-from fleet.leases import LeasedAdmission
+from fleet.shared.leases import LeasedAdmission
 from gateway.errors import GatewayError
 from gateway.model.limits import quota_window
 from helpers.admission import FakeClock, a_key, hammer, most_inside, quota_bucket, settings

@@ -1,5 +1,5 @@
 """A master's port refuses connections until one of its workers has loaded the application
-(``fleet/listen.py``), instead of queueing them where nothing can answer yet: a load balancer
+(``fleet/server/listen.py``), instead of queueing them where nothing can answer yet: a load balancer
 then sends calls to another instance at once instead of letting them wait out the boot."""
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ pytestmark = pytest.mark.slow
 @pytest.mark.parametrize("reuse_port", ["off", "on"])
 def test_the_port_refuses_until_a_worker_serves(services, tmp_path_factory, reuse_port):
     """With ``reuse_port`` each worker makes its own socket after its fork: it too listens only
-    once its worker has loaded the application (fleet/listen.py ``unlisten_worker_sockets``).
+    once its worker has loaded the application (fleet/server/listen.py ``unlisten_worker_sockets``).
 
     A worker loads the application in about 0.3 s of CPU, a window a busy test process could
     miss; so here the workers cannot load it until the test lets them: the master's store role

@@ -1,4 +1,4 @@
-"""The embedded default, for real: a local PostgreSQL and Redis started by fleet.local."""
+"""The embedded default, for real: a local PostgreSQL and Redis started by fleet.ops.local."""
 from __future__ import annotations
 
 import json
@@ -11,7 +11,7 @@ import psycopg2
 import pytest
 import redis
 
-from fleet.local import LocalPostgres, LocalRedis, ensure_embedded, stop_embedded
+from fleet.ops.local import LocalPostgres, LocalRedis, ensure_embedded, stop_embedded
 from gateway.settings import Settings
 from helpers.services import LOCAL_PG_PORT, LOCAL_REDIS_PORT, start_postgres, start_redis
 
@@ -48,7 +48,7 @@ def rd(home):
 
 def test_concurrent_first_start(settings):
     """Two processes bootstrapping the same empty home at once: one initdb, same answers."""
-    code = ("import json, sys; from fleet.local import ensure_embedded; "
+    code = ("import json, sys; from fleet.ops.local import ensure_embedded; "
             "from gateway.settings import Settings; "
             "print(json.dumps(ensure_embedded(Settings(**json.loads(sys.argv[1])))))")
     arg = json.dumps({"home": settings.home, "pg_port": PG_PORT, "redis_port": REDIS_PORT})

@@ -1,4 +1,4 @@
-"""Calls answered from memory on the worker's loop (fleet/worker.py ``_answered_here``,
+"""Calls answered from memory on the worker's loop (fleet/server/worker.py ``_answered_here``,
 gateway/pipeline/from_memory.py) through a real gunicorn master with one worker: the loop
 answers them (its counter in /metrics moves), every rule still applies at once (a narrowed,
 revoked or limited key, a purge), and a client that does not read cannot hold the loop."""

@@ -1,6 +1,6 @@
 """Malformed request bodies against a real gunicorn master, byte by byte on a raw socket: the
 application reads no body before the key is known, an error reading one is a typed 400
-``malformed_request`` (never a 500; the worker's front, fleet/front.py, answers it before the application), and each such request gets exactly one answer, which says
+``malformed_request`` (never a 500; the worker's front, fleet/server/front.py, answers it before the application), and each such request gets exactly one answer, which says
 ``Connection: close``, and then the connection closes (where the next request would start is
 unknown). A refusal answered before a chunked body was read closes too: the server must not
 parse a stranger's chunks to find the next request, and answer them a second time."""

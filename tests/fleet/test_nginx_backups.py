@@ -1,4 +1,4 @@
-"""nginx's configuration (``fleet/cli.py`` ``start_balancer``) never answers 502 while an instance
+"""nginx's configuration (``fleet/ops/cli.py`` ``start_balancer``) never answers 502 while an instance
 can serve. nginx skips an instance for ``fail_timeout`` after three failed connects; when the
 other one goes down within that second (a rolling restart: the first instance back, the second
 stopping), both were skipped and nginx answered 502 "no live upstreams" (174 of 9,851 calls in
@@ -18,7 +18,7 @@ import time
 import pytest
 import requests
 
-from fleet import cli
+from fleet.ops import cli
 from gateway.settings import Settings
 from helpers.util import free_port
 

@@ -7,7 +7,7 @@ the supervisor's new master binds the port without waiting for them; no client s
 
 Idle kept-alive connections are part of the test: a burst of 48 more clients before the kill
 leaves nginx with more upstream connections than the 16 use, and 8 connections straight to the
-victim's port sit idle after one call. Before the orphan's own exit (fleet/worker.py
+victim's port sit idle after one call. Before the orphan's own exit (fleet/server/worker.py
 ``_close_idle``) the orphans held those for gunicorn's stop linger: closed 2.005-2.010 s after
 the kill, orphans gone after 0.52-2.60 s (load average 17.6; the ``IDLE_CLOSED_S`` assertion
 fails there); with it closed after 0.017 s, orphans gone after 0.26-1.20 s (load average 9-22).
@@ -43,7 +43,7 @@ IDLE_POOL = 8      # idle keep-alive connections straight to the victim's port
 # the sharp assertion (2.0 s before the orphan's own exit, 0.02 s with it).
 ORPHAN_EXIT_S = 4.0
 IDLE_CLOSED_S = 0.5        # an idle kept-alive connection is closed within this of the kill
-BIND_WAIT_MAX_S = 1.5      # the new master's wait for the port (fleet/listen.py BIND_WAIT_S = 10)
+BIND_WAIT_MAX_S = 1.5      # the new master's wait for the port (fleet/server/listen.py BIND_WAIT_S = 10)
 SAMPLE_S = 0.005
 
 
@@ -101,7 +101,7 @@ def idle_connections(port: int, count: int) -> list[socket.socket]:
             reply += chunk
         head, _, body = reply.partition(b"\r\n\r\n")
         assert head.startswith(b"HTTP/1.1 200"), head
-        if b"connection: close" in head.lower():   # a worker over its share moved it (fleet/worker.py): another
+        if b"connection: close" in head.lower():   # a worker over its share moved it (fleet/server/worker.py): another
             sock.close()
             shed += 1
             assert shed <= 4 * count, "every new connection was moved"
@@ -123,7 +123,7 @@ def answers(base: str) -> bool:
 
 
 def bind_wait(log_text: str) -> float:
-    """The new master's wait for the port (fleet/listen.py logs it when it had to wait)."""
+    """The new master's wait for the port (fleet/server/listen.py logs it when it had to wait)."""
     waits = [float(m) for m in re.findall(r"after waiting ([0-9.]+)s for the port", log_text)]
     return max(waits, default=0.0)
 

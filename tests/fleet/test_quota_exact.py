@@ -3,7 +3,7 @@ Redis answers slowly or not at all.
 
 The cause of the 51-of-50 (issue #26), traced in real workers: a Redis reply that comes after
 ``GATEWAY_REDIS_TIMEOUT_MS`` (a loaded Redis, not a lost one) counts as Redis unreachable, and
-the quota's local fallback (a local quota fallback, since removed: ``fleet.quotas``) then admits this
+the quota's local fallback (a local quota fallback, since removed: ``fleet.shared.quotas``) then admits this
 worker's share of what it last saw left, ``(calls - used) / W``, and one call even when it
 last saw nothing left (``_local_take`` floors a local bucket at one token); none of it is
 debited in Redis, nor reconciled when Redis answers again. The timed-out script had run:
@@ -44,7 +44,7 @@ from types import SimpleNamespace
 import pytest
 import requests
 
-from fleet.leases import LeasedAdmission
+from fleet.shared.leases import LeasedAdmission
 from gateway.errors import GatewayError
 from gateway.model.limits import Quota, quota_window
 from gateway.settings import Settings
@@ -56,7 +56,7 @@ from helpers.util import wait_until
 
 TIMEOUT_MS = 100           # the direct tests' GATEWAY_REDIS_TIMEOUT_MS
 LATE_S = 0.3               # a held reply arrives this long after its command ran: past the timeout
-DOWN_S = 0.25              # fleet.leases: after a Redis error a worker decides locally this long
+DOWN_S = 0.25              # fleet.shared.leases: after a Redis error a worker decides locally this long
 # Refusals a quota may answer with: spent, or (a design that refuses while Redis is away) 503.
 REFUSALS = {"quota_exceeded", "admission_unavailable"}
 

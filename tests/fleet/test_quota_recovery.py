@@ -3,7 +3,7 @@ middle of a key's quota period, on a real 3-worker gunicorn master, on a Postgre
 Redis of this module's own (``private_services``).
 
 A quota counter Redis does not hold is rebuilt from the run history before the key is
-admitted again (``fleet.quotas``: "Redis lost its data"), so a ``300 calls/day`` key with 200
+admitted again (``fleet.shared.quotas``: "Redis lost its data"), so a ``300 calls/day`` key with 200
 spent is admitted at most 300 calls plus the calls in flight at the loss (admitted, and not
 in the store's history when the counter was rebuilt), and every refusal is a typed 429
 ``quota_exceeded`` (or, while Redis is away and a worker's lease is spent, 503
@@ -40,7 +40,7 @@ pytestmark = pytest.mark.slow
 WORKERS = 3
 LEASE_MS = 100
 FLUSH_MS = 200          # GATEWAY_HISTORY_FLUSH_MS: how long an answered run may wait to be stored
-FALLBACK_S = 0.25       # a worker that met Redis down decides locally this long (fleet.leases)
+FALLBACK_S = 0.25       # a worker that met Redis down decides locally this long (fleet.shared.leases)
 MARGIN_S = 0.1          # a COPY, a call's own duration, scheduling on a loaded machine
 SETTLE_S = 1.0          # past the fallback before calling again: a slow CI machine took more than 0.1 s
 CALLS, SPENT = 300, 200
@@ -184,7 +184,7 @@ def test_a_loss_under_load_admits_at_most_the_calls_in_flight(master, admin, con
     finally:
         calls = load.join(60)
 
-    # While Redis is away a worker admits only what its lease holds, then 503 (fleet.quotas):
+    # While Redis is away a worker admits only what its lease holds, then 503 (fleet.shared.quotas):
     # that refusal, and only while Redis is down or the worker has not yet tried it again.
     unavailable = [c for c in calls if (c.status, c.code) == (503, "admission_unavailable")]
     assert all(killed - MARGIN_S <= c.ended <= up + FALLBACK_S + MARGIN_S for c in unavailable), \

@@ -1,4 +1,4 @@
-"""``fleet.rates`` (through ``fleet.leases.LeasedAdmission``) against a real Redis: simulated
+"""``fleet.shared.rates`` (through ``fleet.shared.leases.LeasedAdmission``) against a real Redis: simulated
 workers, each an admission of its own, sharing buckets in Redis.
 
 What is proven: a bucket far below its limit costs no round trip per call and its calls are
@@ -15,8 +15,8 @@ import time
 import pytest
 import redis
 
-from fleet.leases import LeasedAdmission
-from fleet.rates import parse_bucket, rate_bucket
+from fleet.shared.leases import LeasedAdmission
+from fleet.shared.rates import parse_bucket, rate_bucket
 from gateway.errors import GatewayError
 from helpers.admission import FakeClock, a_key, hammer, most_inside, settings
 from helpers.util import free_port

@@ -1,11 +1,11 @@
-"""``GATEWAY_REDIS_URL``'s three forms, read by ``fleet.redis_client.RedisTarget`` (the
+"""``GATEWAY_REDIS_URL``'s three forms, read by ``fleet.shared.redis_client.RedisTarget`` (the
 clients themselves are tested against real servers: test_redis_cluster.py,
 test_redis_sentinel.py), and a URL of no known form refused at start-up."""
 from __future__ import annotations
 
 import pytest
 
-from fleet.redis_client import RedisTarget
+from fleet.shared.redis_client import RedisTarget
 from gateway.settings import Settings
 
 

@@ -23,8 +23,8 @@ import time
 import pytest
 from redis.cluster import key_slot
 
-from fleet.leases import LeasedAdmission
-from fleet.rates import parse_bucket, rate_bucket
+from fleet.shared.leases import LeasedAdmission
+from fleet.shared.rates import parse_bucket, rate_bucket
 from gateway.settings import Settings
 from helpers.admission import FakeClock, a_key
 from helpers.api import Api
@@ -68,7 +68,7 @@ def admin(masters, services):
 
 
 def test_every_script_keeps_its_keys_in_one_slot():
-    # The keys each script is sent (fleet.leases, fleet.bus), as the modules build them.
+    # The keys each script is sent (fleet.shared.leases, fleet.shared.bus), as the modules build them.
     groups = [["gw:{fleet}:alive"], ["gw:{fleet}:alive", "gw:{fleet}:acks"],
               ["gw:{fleet}:generation", "gw:{fleet}:invalidate"], [rate_bucket("key", 7)], [rate_bucket("ip", "10.0.0.1")],
               [rate_bucket("key", i) for i in range(7, 7 + 64 * 3, 64)],   # a report: one script per shard
@@ -80,7 +80,7 @@ def test_every_script_keeps_its_keys_in_one_slot():
 
 
 def test_reports_are_one_script_per_shard_on_the_cluster(cluster):
-    """Rate buckets' batched reports (fleet.rates) on a cluster: one script per shard, every
+    """Rate buckets' batched reports (fleet.shared.rates) on a cluster: one script per shard, every
     bucket written on the master of its slot."""
     clock = FakeClock()
     admission = LeasedAdmission(cluster.url, Settings(redis_url=cluster.url), workers_hint=lambda: 1, clock=clock)
@@ -185,6 +185,6 @@ def test_quota_rebuilt_when_the_promoted_replica_lagged(cluster, masters, admin)
     # The documented bound: the quota + the calls in flight at the loss, here the calls left in
     # the workers' leases of the lost bucket (at most one lease each, at most a quarter of what
     # was left over W: at most a quarter of the quota in all); on a cluster a worker does not
-    # learn that a master other than the bus's lost its data (fleet.leases), so it spends them.
+    # learn that a master other than the bus's lost its data (fleet.shared.leases), so it spends them.
     # (Before leases were held, up to GATEWAY_QUOTA_HOLD_S, they had expired by then: 300.)
     assert 300 <= admitted <= 300 + 300 // 4, (spent, admitted)

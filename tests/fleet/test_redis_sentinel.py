@@ -9,7 +9,7 @@ counting every status and checking every body:
 Through each: ``open`` answers every call 200, ``closed`` answers typed 503
 ``admission_unavailable`` with ``Retry-After`` and only during the gap, never a 500 nor a
 dropped connection; then every worker leases and beats on the new master within 3 s of
-the promotion (the clients follow ``+switch-master``: ``fleet.sentinel_watch``), a change
+the promotion (the clients follow ``+switch-master``: ``fleet.shared.sentinel_watch``), a change
 made then is seen by every call after it returns, and the event stream carries runs.
 """
 from __future__ import annotations
@@ -72,7 +72,7 @@ def check(result: Failover) -> None:
             (mode, statuses(after))
     assert result.returned - result.changed < 1.0
     assert result.events_after > 0
-    # Every worker on the new master soon after the promotion. Without fleet.sentinel_watch a
+    # Every worker on the new master soon after the promotion. Without fleet.shared.sentinel_watch a
     # planned failover took 11.6 s here: the connections open to the demoted master (alive,
     # still accepting writes until Sentinel reconfigures it) kept part of the fleet there.
     # The looks that found something missing say what it was.

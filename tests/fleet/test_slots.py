@@ -1,10 +1,10 @@
-"""The workers' table (fleet/slots.py): what one process writes, a forked one reads; a slot is
+"""The workers' table (fleet/server/slots.py): what one process writes, a forked one reads; a slot is
 freed only for the worker it was given to."""
 from __future__ import annotations
 
 import os
 
-from fleet.slots import BOOTING, FREE, LEAVING, SERVING, Slots
+from fleet.server.slots import BOOTING, FREE, LEAVING, SERVING, Slots
 
 
 def test_a_forked_worker_writes_what_the_master_and_its_siblings_read():

@@ -1,4 +1,4 @@
-"""A killed master comes back by itself under ``fleet up`` (``fleet/supervisor.py``): two
+"""A killed master comes back by itself under ``fleet up`` (``fleet/ops/supervisor.py``): two
 instances behind nginx (``fleet up --instances 2``), 8 keep-alive clients through nginx with
 every body checked, one master SIGKILLed: no call fails (nginx sends them to the other
 instance, never a 502), the master is back and serving within ``BACK_WITHIN_S``, and no answered
@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from fleet import supervisor as sup
+from fleet.ops import supervisor as sup
 from helpers.api import Api
 from helpers.fleetup import started
 from helpers.history import key_id, runs_by_worker

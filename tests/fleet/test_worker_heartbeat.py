@@ -1,4 +1,4 @@
-"""The balanced worker's heartbeat to its master (``fleet/worker.py``): gthread called it on every
+"""The balanced worker's heartbeat to its master (``fleet/server/worker.py``): gthread called it on every
 turn of its loop, a utime(2) each; it now runs at most once a second, or a quarter of the
 worker's timeout when that is shorter, and at once on the first turn."""
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 import time
 
-from fleet.worker import NOTIFY_EVERY_S, BalancedThreadWorker
+from fleet.server.worker import NOTIFY_EVERY_S, BalancedThreadWorker
 
 
 class CountingTmp:

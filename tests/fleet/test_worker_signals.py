@@ -1,4 +1,4 @@
-"""A signal taken by one of the balanced worker's threads other than the main one (``fleet/worker.py``
+"""A signal taken by one of the balanced worker's threads other than the main one (``fleet/server/worker.py``
 ``_signalled``). The kernel may hand a process-wide signal (SIGTERM from PR_SET_PDEATHSIG when the
 master is killed, or a ``kill``) to any thread; Python runs the handler on the main thread only,
 and gthread's loop slept on in its poll until its 1 s timeout. An orphan then kept its idle
@@ -62,7 +62,7 @@ def test_a_sigterm_taken_by_a_pool_thread_stops_the_worker_at_once(tmp_path):
     (tmp_path / "tinyapp.py").write_text(APP)
     port = free_port()
     env = dict(os.environ, PYTHONPATH=f"{ROOT}:{tmp_path}")
-    master = subprocess.Popen([sys.executable, "-m", "gunicorn", "-k", "fleet.worker.BalancedThreadWorker",
+    master = subprocess.Popen([sys.executable, "-m", "gunicorn", "-k", "fleet.server.worker.BalancedThreadWorker",
                                "-w", "1", "--threads", "2", "-b", f"127.0.0.1:{port}", "--no-control-socket",
                                "tinyapp:app"], cwd=tmp_path, env=env, stderr=subprocess.DEVNULL)
     try:

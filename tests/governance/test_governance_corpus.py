@@ -36,7 +36,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from fleet.local.demo import create_demo_data
+from fleet.ops.local.demo import create_demo_data
 from gateway.errors import GatewayError
 from gateway.governance import Analysis, Grants, analyze, load_schema, plan
 from gateway.governance.grants import compile_masks

@@ -5,7 +5,7 @@
 imports ``from helpers.api import Api``.
 
 - ``util``: the repository root, the session's keys, ``unique``, ``free_port``, ``wait_until``;
-- ``services``: PostgreSQL and Redis through ``fleet.local`` (``start_services``), the ports;
+- ``services``: PostgreSQL and Redis through ``fleet.ops.local`` (``start_services``), the ports;
 - ``api``: ``Api``, the one client of the Management API and the data plane (in process or HTTP);
 - ``masters``: real gunicorn masters (``Master``, ``start_masters``);
 - ``load``: load generators (``Load``, ``Callers``) and counting what they saw;

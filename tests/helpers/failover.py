@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import redis
 import requests
 
-from fleet.rates import parse_bucket, rate_bucket
+from fleet.shared.rates import parse_bucket, rate_bucket
 from helpers.api import Api
 from helpers.events import Connection, EventStream
 from helpers.history import key_id
@@ -25,7 +25,7 @@ from helpers.util import wait_until
 LEASE_MS = 1500   # GATEWAY_FRESHNESS_LEASE_MS (the default): a heartbeat's lifetime
 # Every worker leased and beat on the new master within this of the promotion: 0.8-1.3 s on a
 # quiet 2-core machine, 3.2 s in a slow CI run (measured to the end of the look that saw it;
-# now to its start); 11.6 s without fleet.sentinel_watch, for a planned Sentinel failover.
+# now to its start); 11.6 s without fleet.shared.sentinel_watch, for a planned Sentinel failover.
 SHARED_WITHIN_S = 6.0
 
 
@@ -153,7 +153,7 @@ def failover_under_load(masters: dict[str, Master], admin: Api, redis_client: Ca
 def _key(admin: Api, query: str, connection: str, suits: Callable[[int], bool]) -> tuple[int, str]:
     """A key with a rate limit whose id ``suits``: (id, secret). No quota: a quota is never
     exceeded, so without Redis it admits only what a worker had leased, then 503 in both modes
-    (fleet.leases); what a failover does to quotas: test_quota_rebuilt_when_the_promoted_replica_lagged."""
+    (fleet.shared.leases); what a failover does to quotas: test_quota_rebuilt_when_the_promoted_replica_lagged."""
     for _ in range(60):
         # A limit well above what this machine serves: a refusal means "no Redis", not "too fast".
         name, secret = admin.named_key([query], [connection], rate_limit="5000/second")

@@ -38,7 +38,7 @@ def three_free_ports() -> int:
 
 def fleet_command() -> list[str]:
     script = Path(sys.executable).parent / "fleet"
-    return [str(script)] if script.exists() else [sys.executable, "-m", "fleet.cli"]
+    return [str(script)] if script.exists() else [sys.executable, "-m", "fleet.ops.cli"]
 
 
 class Fleet:

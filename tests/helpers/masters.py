@@ -1,4 +1,4 @@
-"""Real gunicorn masters (``fleet/gunicorn_conf.py``, ``fleet.app:create_app()``) on a
+"""Real gunicorn masters (``fleet/server/gunicorn_conf.py``, ``fleet.app:create_app()``) on a
 ``Services`` pair, each in its own home and its own process session, ended by its own pid
 or group."""
 from __future__ import annotations
@@ -22,7 +22,7 @@ ALIVE = "gw:{fleet}:alive"     # the bus's heartbeats: {"host:pid": expiry}
 
 
 class Master:
-    """``python -m gunicorn -c fleet/gunicorn_conf.py --bind 127.0.0.1:<port> 'fleet.app:create_app()'``."""
+    """``python -m gunicorn -c fleet/server/gunicorn_conf.py --bind 127.0.0.1:<port> 'fleet.app:create_app()'``."""
 
     def __init__(self, services, home: Path, workers: int = 4, redis_client=None, **settings):
         """``redis_client``: makes a client of the fleet's Redis when it is not ``services``'
@@ -44,7 +44,7 @@ class Master:
         """Start the master; do not wait for it."""
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "gunicorn", "-c", str(ROOT / "fleet" / "gunicorn_conf.py"),
+                [sys.executable, "-m", "gunicorn", "-c", str(ROOT / "fleet" / "server" / "gunicorn_conf.py"),
                  "--bind", f"127.0.0.1:{self.port}", "fleet.app:create_app()"],
                 cwd=ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                 start_new_session=True)

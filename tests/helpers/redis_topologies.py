@@ -27,7 +27,7 @@ import redis
 from redis.cluster import RedisCluster, key_slot
 from redis.sentinel import Sentinel
 
-from fleet.local import find_redis_server
+from fleet.ops.local import find_redis_server
 from helpers.procs import wait_gone
 from helpers.services import env_port
 

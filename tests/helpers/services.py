@@ -1,5 +1,5 @@
 """Real PostgreSQL and Redis for tests, started through the product's own code path
-(``fleet.local``), so test setup and the embedded default cannot drift apart.
+(``fleet.ops.local``), so test setup and the embedded default cannot drift apart.
 
 ``start_services`` is the one factory of a PostgreSQL + Redis pair: ``conftest.py`` starts the
 session's pair with it (every test that only uses the servers shares it), and the
@@ -21,8 +21,8 @@ from pathlib import Path
 import psycopg2
 import redis
 
-from fleet.local import LocalPostgres, LocalRedis
-from fleet.local.demo import create_demo_data
+from fleet.ops.local import LocalPostgres, LocalRedis
+from fleet.ops.local.demo import create_demo_data
 from helpers.util import ADMIN_KEY, METRICS_TOKEN, PASSWORD_ENV, SECRET_KEY
 
 

@@ -33,7 +33,7 @@ _HANDED_OUT: set[int] = set()
 def free_port() -> int:
     """A port free now and not handed out before in this process: the kernel may give one port
     to two binds in a row, and two masters made at once then bound the same port (each binds
-    before it listens, fleet/listen.py) and the second failed to boot with EADDRINUSE."""
+    before it listens, fleet/server/listen.py) and the second failed to boot with EADDRINUSE."""
     for _ in range(100):
         with socket.socket() as sock:
             sock.bind(("127.0.0.1", 0))

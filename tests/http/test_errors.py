@@ -354,7 +354,7 @@ def _value_unrenderable(ctx):
 
 
 def _from_the_front(data: bytes, wait_s: float = 5.0):
-    """What the worker's front answers (fleet/front.py) to ``data`` on a new connection of the
+    """What the worker's front answers (fleet/server/front.py) to ``data`` on a new connection of the
     session's gunicorn master (its head timeout: 2 s)."""
     def produce(ctx):
         answer = raw.exchange(ctx.gunicorn().port, data, timeout=wait_s)

@@ -208,7 +208,7 @@ def test_offline_bundle_runs_its_own_servers(tmp_path):
     """The carried PostgreSQL, redis-server and wrk start from the bundle alone: the system's are
     off PATH, each carried binary finds every library it loads inside the bundle (the C library
     aside), and PostgreSQL finds its share/ and lib/ relative to where it was unpacked."""
-    from fleet.local import LocalPostgres
+    from fleet.ops.local import LocalPostgres
     from helpers.services import env_port
     from helpers.util import wait_until
     out = tmp_path / "offline"

@@ -1,4 +1,4 @@
-"""Live events (``GET /events``, ``fleet/events.py``) through the session's gunicorn master
+"""Live events (``GET /events``, ``fleet/shared/events.py``) through the session's gunicorn master
 (2 workers): a stream served by one worker carries the runs served by the other worker and
 the management changes, and ``Last-Event-ID`` resumes with what was missed and nothing
 earlier.

@@ -9,7 +9,7 @@ import falcon.testing
 import pytest
 import requests
 
-from fleet.local.demo import ACCOUNTS
+from fleet.ops.local.demo import ACCOUNTS
 from gateway.errors import GatewayError
 from gateway.ports import LocalSync
 from helpers.procs import rss_kb

@@ -16,7 +16,7 @@ after a warm-up of each target and with a /health floor before and after, as the
 Per run, besides what every block records: the CPU of the gunicorn *worker* processes alone (user + system from
 /proc, every thread, the master left out) per call served, and Redis' commands during the run (INFO commandstats,
 before and after, less the INFO calls themselves) per call served - three ways, as commandstats counts the commands
-a script runs too: every command, every command but the event stream's XADD (fleet.events appends every run), and
+a script runs too: every command, every command but the event stream's XADD (fleet.shared.events appends every run), and
 the scripts alone (EVALSHA: the round trips of the leases and the bus' heartbeat). Targets: CPU per call on/off
 <= 1.10, Redis commands per call < 0.1 at steady state (the bus' heartbeats are in the count: Redis traffic too).
 """

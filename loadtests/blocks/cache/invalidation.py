@@ -26,7 +26,7 @@ import redis
 
 from ...targets import Target
 
-CACHE_PREFIX = 'gw:{fleet}:cache:'       # fleet/cache.py: the cache bus's keys
+CACHE_PREFIX = 'gw:{fleet}:cache:'       # fleet/shared/cache.py: the cache bus's keys
 SEQ, ACKS, ALIVE = CACHE_PREFIX + 'seq', CACHE_PREFIX + 'acks', CACHE_PREFIX + 'alive'
 DEPOSIT_SQL = 'UPDATE pgbench_accounts SET abalance = abalance + :delta WHERE aid = :aid'
 
@@ -64,7 +64,7 @@ class Caller:
         return status, headers.get('x-cache', ''), balance
 
     def pending(self, seq: int) -> tuple[int, int]:
-        """(live workers, of them those not yet at `seq`), as fleet.bus's pending script counts them."""
+        """(live workers, of them those not yet at `seq`), as fleet.shared.bus's pending script counts them."""
         pipe = self.redis.pipeline(transaction=False)
         pipe.time()
         pipe.hgetall(ALIVE)

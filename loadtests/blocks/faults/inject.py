@@ -50,7 +50,7 @@ def _start_again(start: Callable[[], None], t0: float, limit_s: float = 60) -> i
 
 
 def pg_restart(rig: Rig) -> dict:
-    """`pg_ctl restart -m fast`, as fleet.local does it: SIGINT, wait for the postmaster to go, start and wait."""
+    """`pg_ctl restart -m fast`, as fleet.ops.local does it: SIGINT, wait for the postmaster to go, start and wait."""
     t0 = time.monotonic()
     rig.pg.stop()
     stopped = _since(t0)

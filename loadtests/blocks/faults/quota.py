@@ -14,7 +14,7 @@ CALLS, SPENT = 300, 200
 PAUSE_S = 0.005
 REFUSED_FOR_S = 1.0
 # The in-flight bound of tests/fleet/test_quota_recovery.py: runs not yet written to the store when the counter is
-# rebuilt (a history flush), those a worker's local fallback admits while Redis is away (fleet.leases), a margin.
+# rebuilt (a history flush), those a worker's local fallback admits while Redis is away (fleet.shared.leases), a margin.
 FLUSH_S, FALLBACK_S, MARGIN_S = 0.2, 0.25, 0.1
 
 

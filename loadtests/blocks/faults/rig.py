@@ -1,7 +1,7 @@
 """The fleet the faults block breaks: ``fleet up --instances 2`` (nginx in front of two gunicorn masters, each with
-its workers; the embedded PostgreSQL and Redis of fleet.local) in a home of its own, on ports of its own.
+its workers; the embedded PostgreSQL and Redis of fleet.ops.local) in a home of its own, on ports of its own.
 
-Ports from ``base``: PostgreSQL base, Redis base + 1, nginx base + 10, the masters base + 11 and base + 12 (fleet.cli
+Ports from ``base``: PostgreSQL base, Redis base + 1, nginx base + 10, the masters base + 11 and base + 12 (fleet.ops.cli
 puts the instances just above GATEWAY_BIND).
 """
 from __future__ import annotations
@@ -27,7 +27,7 @@ class RigError(RuntimeError):
 
 class Rig:
     def __init__(self, home: Path, base_port: int, workers: int, log_path: Path):
-        from fleet.local import LocalPostgres, LocalRedis
+        from fleet.ops.local import LocalPostgres, LocalRedis
         self.home = Path(home).resolve()
         self.base_port = base_port
         self.workers = workers
@@ -54,7 +54,7 @@ class Rig:
         return {k: v for k, v in self.env().items() if k.startswith('GATEWAY_')}
 
     def fleet(self, *args: str, timeout: float = 300) -> str:
-        cmd = [sys.executable, '-m', 'fleet.cli', *args]
+        cmd = [sys.executable, '-m', 'fleet.ops.cli', *args]
         with open(self.log_path, 'a') as log:
             log.write(f'\n$ {" ".join(cmd)}\n')
             log.flush()

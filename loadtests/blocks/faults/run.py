@@ -4,7 +4,7 @@
     .venv/bin/python -m loadtests.bench faults --faults worker-kill --quiet 2 --after 2 --allow-dirty   # a smoke
 
 The fleet: ``fleet up --instances 2`` (nginx in front of two gunicorn masters, --workers each, GATEWAY_CPUS=auto; the
-embedded PostgreSQL and Redis of fleet.local) in a home under .bench/runs/, on ports from --base-port (rig.py). The
+embedded PostgreSQL and Redis of fleet.ops.local) in a home under .bench/runs/, on ports from --base-port (rig.py). The
 load: --clients keep-alive clients through nginx (or --via direct), each 200 checked against the row PostgreSQL
 holds (load.py, its own process; --rate paces it). Per fault (inject.py), each on a fleet made whole first and with
 its own API key: --quiet seconds of load, the fault, then load until it is over and --after seconds passed with no
@@ -128,7 +128,7 @@ def run_faults(rig: Rig, run) -> None:
     meta['targets'] = [{'name': 'fleet', 'base_url': rig.url, 'cpu': 'all (GATEWAY_CPUS=auto)',
                         'description': f'fleet up --instances 2: nginx in front of two gunicorn masters '
                                        f'({", ".join(rig.instance_urls)}), {args.workers} workers each',
-                        'command': 'python -m fleet.cli up --instances 2',
+                        'command': 'python -m fleet.ops.cli up --instances 2',
                         'env': {k: v for k, v in rig.settings().items() if k != 'GATEWAY_HOME'}}]
     run.save()
     for n, name in enumerate(args.faults):

@@ -5,7 +5,7 @@
         --max-workers 8 --rounds 5 --duration 10
 
 For w = 1, 2, 4, ... up to the cores the gateway may use (and --max-workers), one gunicorn master per target: ours
-with GATEWAY_WORKERS=w on w cores (a worker pinned to each by fleet/gunicorn_conf.py) and shared admission on (a
+with GATEWAY_WORKERS=w on w cores (a worker pinned to each by fleet/server/gunicorn_conf.py) and shared admission on (a
 Redis started here, a key whose limits are far above the load), and the peer with `--workers w` under taskset on the
 same cores; the lookup with wrk at --conns-per-worker x w connections. The harness's method (a warm-up per server,
 /health floors on the 1-worker servers, rounds rotated, the other servers frozen during a run). The report

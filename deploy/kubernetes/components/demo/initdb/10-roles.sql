@@ -6,7 +6,7 @@
 --   demo_reader  may only connect to the `demo` database and SELECT its demo tables
 --                (20-demo.sql, 30-demo-grants.sql): the demo connection that `fleet seed`
 --                creates logs in as this role, never as the superuser. Its attributes are
---                the ones fleet/local/demo.py gives it on the embedded PostgreSQL.
+--                the ones fleet/ops/local/demo.py gives it on the embedded PostgreSQL.
 --   demo_writer  may only connect to the `demo` database and run the load tests' deposit:
 --                SELECT (aid, abalance), UPDATE (abalance) ON pgbench_accounts
 --                (30-demo-grants.sql); the demo_writer connection logs in as this role.

@@ -1,7 +1,7 @@
 """``fleet up``'s supervisor: keeps the gunicorn masters of one home, and nginx in front of
 them, running.
 
-    python -m fleet.supervisor --home H --instance i0=127.0.0.1:8001 [--instance ...]
+    python -m fleet.ops.supervisor --home H --instance i0=127.0.0.1:8001 [--instance ...]
                                [--nginx-conf H/nginx.conf --nginx-prefix H/nginx]
 
 It starts each master as its child and starts it again whenever it exits without the
@@ -36,7 +36,7 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 POLL_S = 0.1
 BACKOFF_FIRST_S = 1.0
 BACKOFF_MAX_S = 30.0
@@ -45,7 +45,7 @@ STOP_TIMEOUT_S = 40.0    # gunicorn's graceful timeout (30 s) and some
 
 
 def master_command(run: Path, name: str, bind: str) -> list[str]:
-    return [sys.executable, "-m", "gunicorn", "-c", str(ROOT / "fleet" / "gunicorn_conf.py"),
+    return [sys.executable, "-m", "gunicorn", "-c", str(ROOT / "fleet" / "server" / "gunicorn_conf.py"),
             "--bind", bind, "--pid", str(run / f"gunicorn-{name}.pid"), "fleet.app:create_app()"]
 
 
@@ -266,7 +266,7 @@ class Supervisor:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="fleet.supervisor", description=__doc__,
+    parser = argparse.ArgumentParser(prog="fleet.ops.supervisor", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--home", required=True)
     parser.add_argument("--instance", action="append", required=True, help="name=host:port")

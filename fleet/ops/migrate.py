@@ -6,7 +6,7 @@ worker applies when it boots (``gateway.app.build_app`` calls ``gateway.store.sc
 so the job is not what makes the store current; it makes it current *once*, before the
 release's workers boot, and outside their boot. A booting worker sends gunicorn no heartbeat:
 one still migrating (or waiting on the lock) after gunicorn's ``timeout`` (60 s,
-fleet/gunicorn_conf.py) is killed and started again, and the migration it held rolls back
+fleet/server/gunicorn_conf.py) is killed and started again, and the migration it held rolls back
 with its connection, so a migration longer than that never completes at boot. The job has
 no such limit.
 
@@ -30,7 +30,7 @@ import psycopg2
 from gateway.settings import Settings
 from gateway.store.schema import MIGRATIONS, migrate
 
-from .app import store_connector, wait_for_store
+from ..app import store_connector, wait_for_store
 
 
 def migrate_store(settings: Settings, wait_s: float, say: Callable[[str], None] = print) -> int:

@@ -1,25 +1,25 @@
 """Shared rate limits and quotas, nearly free per call. (A key's ``max_concurrent`` is counted
-by ``fleet.concurrency``, which this admission holds: a place cannot be leased in advance.)
+by ``fleet.shared.concurrency``, which this admission holds: a place cannot be leased in advance.)
 
-Rate limits: ``fleet.rates`` (local headroom reported in batches; leases once a bucket runs low),
-with its bounds. Quotas: ``fleet.quotas`` (leases of K calls, never exceeded), with theirs. This
+Rate limits: ``fleet.shared.rates`` (local headroom reported in batches; leases once a bucket runs low),
+with its bounds. Quotas: ``fleet.shared.quotas`` (leases of K calls, never exceeded), with theirs. This
 module is the facade the gateway's port (``gateway.ports.Admission``) sees, and the local
 fallback of rate limits while Redis is away.
 
 Redis unreachable (``GATEWAY_REDIS_FAILURE``): rate limits: ``open`` admits through a local
 token bucket per worker holding its share (1/W) of each limit, once the bucket's headroom is
-spent; ``closed`` answers 503. Quotas: what the leases hold, then 503 (``fleet.quotas``). The worker
+spent; ``closed`` answers 503. Quotas: what the leases hold, then 503 (``fleet.shared.quotas``). The worker
 retries Redis every 250 ms and returns to the shared buckets by itself; it logs once when it
 starts deciding locally, once when Redis answers again, and a summary every
-``GATEWAY_DEGRADED_LOG_S`` between (``fleet.degraded``), never a line per call.
+``GATEWAY_DEGRADED_LOG_S`` between (``fleet.shared.degraded``), never a line per call.
 
-Every Redis key carries a hash tag (``gw:{q:7}:2026-12-02``, ``fleet.rates``' shards), so each
+Every Redis key carries a hash tag (``gw:{q:7}:2026-12-02``, ``fleet.shared.rates``' shards), so each
 script touches one slot and runs on Redis Cluster; scripts are sent with EVALSHA and re-sent on
 NOSCRIPT (redis-py's ``Script`` does this; a promoted replica has no scripts cached).
-Failover (Redis Cluster or Sentinel, ``fleet.redis_client``; the windows per server in
-``fleet.reach``): the promoted replica serves the buckets it had received. Writes it had not
+Failover (Redis Cluster or Sentinel, ``fleet.shared.redis_client``; the windows per server in
+``fleet.shared.reach``): the promoted replica serves the buckets it had received. Writes it had not
 (asynchronous replication) are lost: a quota bucket it never received is rebuilt from the run
-history (``fleet.quotas``); one it received but behind the master lacks the calls leased in the last
+history (``fleet.shared.quotas``); one it received but behind the master lacks the calls leased in the last
 replication lag (typically under a millisecond of leases; ``WAIT`` is not used), so the quota
 may admit up to those calls more. Rate buckets restart from what the replica held: at most one
 burst more.
@@ -49,7 +49,7 @@ if TYPE_CHECKING:
     from gateway.model.catalog import ApiKey
     from gateway.settings import Settings
 
-log = logging.getLogger("fleet.leases")
+log = logging.getLogger("fleet.shared.leases")
 
 SWEEP_S = 10.0         # how often idle buckets are looked for (and forgotten after IDLE_S)
 IDLE_S = 60.0
@@ -74,7 +74,7 @@ class LeasedAdmission:
         self.rates = RateLimits(self._redis, workers_hint, self.reach, self._lease_s, settings.lease_max, clock)
         self.quotas = QuotaLeases(self._redis, settings, self.reach, workers_hint, self._unleased, clock, wall, history)
         self.fallbacks = 0          # calls admitted or refused by the local fallback
-        # max_concurrent: places held while calls run (fleet.concurrency), on the same client and log.
+        # max_concurrent: places held while calls run (fleet.shared.concurrency), on the same client and log.
         self.running = RunningCalls(self._redis, settings.concurrency_lease_ms, self._closed_on_failure,
                                     workers_hint, self.degraded, clock)
         self._stop = threading.Event()
@@ -190,12 +190,12 @@ class LeasedAdmission:
         self.quotas.flush(self._clock())
 
     def _sweep(self) -> None:
-        """Forget what is idle: rate buckets (``fleet.rates``) and leases of ended periods."""
+        """Forget what is idle: rate buckets (``fleet.shared.rates``) and leases of ended periods."""
         self.rates.forget_idle(IDLE_S)
         self.quotas.sweep()
 
     def redis_lost_data(self) -> None:
-        """Redis lost its data (``fleet.bus`` found this worker's heartbeat gone): the calls
+        """Redis lost its data (``fleet.shared.bus`` found this worker's heartbeat gone): the calls
         left in this worker's quota leases came from buckets that may be gone, and the run
         history that rebuilds them does not count calls not yet made. They are dropped (not
         handed back: the bucket may be a new one), so a loss while a key is idle stays exact."""

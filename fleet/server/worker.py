@@ -33,7 +33,7 @@ Restarts:
   sent nothing) instead of being queued and reset when the last copy closes. (A USR2 binary
   upgrade would share the socket with a new master: the fleet does not use it.)
 - The master killed (SIGKILL, a crash): PR_SET_PDEATHSIG sends each worker SIGTERM
-  (fleet/gunicorn_conf.py). An orphan hands over to nobody, shuts the socket down as above,
+  (fleet/server/gunicorn_conf.py). An orphan hands over to nobody, shuts the socket down as above,
   closes its idle kept-alive connections at once (not after gunicorn's 2 s stop linger: nginx
   retries a GET that meets a closed upstream keep-alive connection on another server), finishes
   the calls it holds (answered with ``Connection: close``) and exits.
@@ -61,12 +61,12 @@ from gunicorn import util
 from gunicorn.http import wsgi
 from gunicorn.workers.gthread import ThreadWorker
 
-from fleet.front_worker import ReadingThreadWorker
-from fleet.lean import LeanResponse, nothing_to_drain
-from fleet.lean_request import LeanParser, plain_environ, replayable
-from fleet.slots import BOOTING, LEAVING, SERVING, Slots
+from fleet.server.front_worker import ReadingThreadWorker
+from fleet.server.lean import LeanResponse, nothing_to_drain
+from fleet.server.lean_request import LeanParser, plain_environ, replayable
+from fleet.server.slots import BOOTING, LEAVING, SERVING, Slots
 
-# environ: time.monotonic() when the request was whole (fleet/front.py): gateway.http.common.ARRIVED,
+# environ: time.monotonic() when the request was whole (fleet/server/front.py): gateway.http.common.ARRIVED,
 # copied (this module is loaded by the master, which must not load the application; a test holds them equal).
 ARRIVED = "gateway.arrived"
 
@@ -90,7 +90,7 @@ class BalancedThreadWorker(ReadingThreadWorker):
     """gthread with balanced accepts, connection shedding and handover (module docstring).
 
     The master hands it ``gw_slots`` (the shared table) and ``gw_slot`` (its slot) in
-    ``pre_fork`` (fleet/gunicorn_conf.py); without them it behaves as plain gthread."""
+    ``pre_fork`` (fleet/server/gunicorn_conf.py); without them it behaves as plain gthread."""
 
     gw_slots: Slots | None = None
     gw_slot: int | None = None
@@ -159,7 +159,7 @@ class BalancedThreadWorker(ReadingThreadWorker):
 
     def _exit_now(self) -> None:
         """Every call this worker took is answered (past gunicorn's graceful timeout it is not:
-        then the usual way): close the application as fleet/gunicorn_conf.py's ``worker_exit``
+        then the usual way): close the application as fleet/server/gunicorn_conf.py's ``worker_exit``
         does (``close_application``), flush, and leave without the interpreter's teardown, which
         only frees memory the kernel frees anyway: 25 ms of CPU measured, spent next to the
         workers that take over, at every reload, recycle and restart."""
@@ -345,7 +345,7 @@ class BalancedThreadWorker(ReadingThreadWorker):
     # --- the master gone ------------------------------------------------------------------------
     def _orphaned(self) -> bool:
         """The master is gone (SIGKILL, a crash): this worker was re-parented, and its SIGTERM
-        came from PR_SET_PDEATHSIG (fleet/gunicorn_conf.py)."""
+        came from PR_SET_PDEATHSIG (fleet/server/gunicorn_conf.py)."""
         return os.getppid() != self.ppid
 
     def _close_idle(self) -> None:
@@ -453,7 +453,7 @@ class BalancedThreadWorker(ReadingThreadWorker):
 
     def _serve(self, req: Any, conn: Any) -> bool:
         """gthread's ``handle_request`` (gunicorn 27.0.1), answering through ``LeanResponse``
-        (fleet/lean.py) and timing the call only when there is an access log to write it to.
+        (fleet/server/lean.py) and timing the call only when there is an access log to write it to.
         Whether to keep the connection: gunicorn's rules, unchanged."""
         environ: dict = {}
         resp = None

@@ -1,5 +1,5 @@
 """gunicorn's threaded worker (gthread) with the front: every request read whole on the loop
-(fleet/front.py) before a thread is given to it, and connections closed without the loop
+(fleet/server/front.py) before a thread is given to it, and connections closed without the loop
 waiting on them.
 
 What gthread did: it handed a connection to a thread as soon as it was readable, and the
@@ -8,7 +8,7 @@ of a head and then nothing held a thread for as long as it liked; and it closed 
 by reading, on the loop, until the client closed too. Here the loop reads what each connection
 has without waiting, under the front's deadlines and caps, and answers what the front refuses;
 only a whole request goes to a thread (or is answered on the loop: ``_answered_here``, which
-fleet/worker.py's ``BalancedThreadWorker`` fills in). Over TLS or HTTP/2 gunicorn's own reading
+fleet/server/worker.py's ``BalancedThreadWorker`` fills in). Over TLS or HTTP/2 gunicorn's own reading
 applies (``plain_heads_allowed``).
 """
 from __future__ import annotations
@@ -25,9 +25,9 @@ from typing import Any
 
 from gunicorn.workers.gthread import ThreadWorker
 
-from fleet.front import ClientCounts, Deadlines, FrontLimits, Reading, Refused, lone_plain_head
-from fleet.lean import FrozenConfig
-from fleet.lean_request import LeanParser, plain_heads_allowed
+from fleet.server.front import ClientCounts, Deadlines, FrontLimits, Reading, Refused, lone_plain_head
+from fleet.server.lean import FrozenConfig
+from fleet.server.lean_request import LeanParser, plain_heads_allowed
 
 CLOSE_LINGER_S = 2.0      # a closed connection waits at most this long for the client's own close
 STOP_READING_LINGER_S = 2.0   # a leaving worker's requests still arriving: this long at most
@@ -46,7 +46,7 @@ class ReadingThreadWorker(ThreadWorker):
         self.cfg = FrozenConfig(self.cfg)
         self._plain_heads = plain_heads_allowed(self.cfg)
         self._closing: dict[socket.socket, float] = {}
-        # The front (fleet/front.py): requests read whole on the loop. Not over TLS or HTTP/2,
+        # The front (fleet/server/front.py): requests read whole on the loop. Not over TLS or HTTP/2,
         # where gunicorn's own reading applies.
         self._front_on = self._plain_heads
         from gateway.settings import Settings  # not at import: the master loads this module
@@ -79,11 +79,11 @@ class ReadingThreadWorker(ThreadWorker):
         """Whether the loop answered this whole request itself (a subclass's choice); else a thread does."""
         return False
 
-    # --- reading requests: the front (fleet/front.py) -----------------------------------------
+    # --- reading requests: the front (fleet/server/front.py) -----------------------------------------
     def enqueue_req(self, conn: Any) -> None:
         """Every request starts here (a new connection, or bytes a previous request left behind):
         the front reads it whole on the loop before a thread gets it. A new connection gets the
-        parser that reads plain heads itself (fleet/lean_request.py) where gunicorn would give it
+        parser that reads plain heads itself (fleet/server/lean_request.py) where gunicorn would give it
         its HTTP/1 parser: not over TLS, not HTTP/2."""
         if not self._front_on:
             super().enqueue_req(conn)

@@ -4,7 +4,7 @@
                                are set), the demo data and its roles (demo_reader reads,
                                demo_writer may only run the load tests' deposit), N
                                gunicorn masters under a supervisor that starts a master
-                               again when it dies (fleet/supervisor.py) and, for N > 1, an
+                               again when it dies (fleet/ops/supervisor.py) and, for N > 1, an
                                nginx load balancer on GATEWAY_BIND (the supervisor starts
                                it again too); seed the demo and print
                                working curl lines. Returns once all answer.
@@ -15,7 +15,7 @@
     fleet status
     fleet seed --url URL       create the demo objects through the Management API
     fleet migrate [--wait S]   bring the store's schema up to this release's and exit
-                               (a release's migration job: fleet/migrate.py)
+                               (a release's migration job: fleet/ops/migrate.py)
     fleet --version            the version (gateway.__version__, the one source)
 
 The benchmark harness is not part of the product: from a checkout, `python -m loadtests.bench`.
@@ -40,7 +40,7 @@ from . import local
 from .local.demo import READER, WRITER
 from .local.seed import WRITER_CONNECTION, Api, seed, update_login
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _home(settings: Settings) -> Path:
@@ -91,7 +91,7 @@ def start_supervisor(settings: Settings, env: dict, binds: list[str], nginx_conf
     run.mkdir(parents=True, exist_ok=True)
     if _pid_alive(run / "supervisor.pid"):
         return False
-    cmd = [sys.executable, "-m", "fleet.supervisor", "--home", str(home),
+    cmd = [sys.executable, "-m", "fleet.ops.supervisor", "--home", str(home),
            *[f"--instance=i{i}={bind}" for i, bind in enumerate(binds)]]
     if nginx_conf is not None:
         cmd += ["--nginx-conf", str(nginx_conf), "--nginx-prefix", str(home / "nginx")]

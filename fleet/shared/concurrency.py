@@ -15,7 +15,7 @@ thread of each worker renews the leases of the places it holds every third of
 member Redis no longer holds (data lost, or a lease that ran out while its call still runs), so
 the set comes back to the calls really running. Cost: two Redis round trips per call, for keys
 with ``max_concurrent`` only (a key without one costs one attribute test); it cannot be leased
-in advance as tokens are (``fleet.leases``): a place kept idle by one worker would refuse
+in advance as tokens are (``fleet.shared.leases``): a place kept idle by one worker would refuse
 another worker's call while the key runs fewer than its limit.
 
 Bounds (N = the key's ``max_concurrent``, W = live workers last seen on the bus):
@@ -53,7 +53,7 @@ from .redis_client import drop_idle
 if TYPE_CHECKING:
     from gateway.model.catalog import ApiKey
 
-log = logging.getLogger("fleet.concurrency")
+log = logging.getLogger("fleet.shared.concurrency")
 RETRY_S = 0.25      # Redis unreachable: decided locally this long before it is tried again
 
 # KEYS[1]: the key's set. ARGV: max_concurrent, token, lease ms. Returns 1 (entered) or 0 (full).

@@ -31,7 +31,7 @@ Protocol (every key shares the ``{fleet}`` hash tag, so it runs on Redis Cluster
    ends or is confirmed a second time (the connection was re-established under it, e.g. by a
    failover) counts as a reconnect.
 
-Redis Cluster and Sentinel (``fleet.redis_client``): the keys share the ``{fleet}`` hash tag
+Redis Cluster and Sentinel (``fleet.shared.redis_client``): the keys share the ``{fleet}`` hash tag
 (one slot); in a cluster the change is published with ``SPUBLISH`` and the thread subscribes
 with ``SSUBSCRIBE`` on the master of that slot, so the publish, the subscription and the pings
 meet on one server and keep the order step 4 relies on. A failover closes the subscription
@@ -65,7 +65,7 @@ from .redis_client import RedisLink, listen
 if TYPE_CHECKING:
     from gateway.model.state import CatalogHolder
 
-log = logging.getLogger("fleet.bus")
+log = logging.getLogger("fleet.shared.bus")
 
 PREFIX = "gw:{fleet}:"
 CHANNEL = PREFIX + "invalidate"

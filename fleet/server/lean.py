@@ -34,7 +34,7 @@ from gunicorn.http.message import TOKEN_RE
 from gunicorn.http.wsgi import HEADER_VALUE_RE, Response
 
 # The gunicorn whose private names this worker overrides and whose gthread request handler
-# fleet/worker.py copies (setup.cfg pins it). Another version may rename or change any of
+# fleet/server/worker.py copies (setup.cfg pins it). Another version may rename or change any of
 # them without notice, so a worker refuses to load on it rather than misbehave quietly.
 GUNICORN_VERSION = "27.0.1"
 
@@ -43,7 +43,7 @@ def require_gunicorn(installed: str = gunicorn.__version__) -> None:
     if installed != GUNICORN_VERSION:
         raise RuntimeError(f"fleet's worker was written against gunicorn {GUNICORN_VERSION} and {installed} is "
                            f"installed: install gunicorn=={GUNICORN_VERSION} (setup.cfg pins it), or port "
-                           f"fleet/lean.py, fleet/lean_request.py and fleet/worker.py to {installed} first")
+                           f"fleet/server/lean.py, lean_request.py and worker.py to {installed} first")
 
 
 require_gunicorn()

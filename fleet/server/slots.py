@@ -4,7 +4,7 @@ shared memory table made by the master before it forks any worker.
 A worker writes only its own slot (its state and how many connections it holds); the master
 allocates a slot before it forks a worker and frees it when it reaps the worker. Reads of the
 other slots take no lock: a value a few milliseconds old only delays a decision by that much
-(fleet/worker.py re-reads every few milliseconds). The one decision that must not race, "may I
+(fleet/server/worker.py re-reads every few milliseconds). The one decision that must not race, "may I
 leave now", is taken under an inter-process lock (``leave_lock``), so two workers reaching
 their recycling point together leave one after the other.
 """

@@ -51,7 +51,7 @@ def preload_libraries(names: tuple[str, ...] = LIBRARIES) -> list[str]:
 
 
 OWN_PACKAGES = ("gateway", "fleet")
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def compile_own_code(root: Path = ROOT) -> bool:

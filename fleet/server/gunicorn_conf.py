@@ -1,6 +1,6 @@
 """gunicorn configuration: one worker per core, each pinned to its own core.
 
-    gunicorn -c fleet/gunicorn_conf.py 'fleet.app:create_app()'
+    gunicorn -c fleet/server/gunicorn_conf.py 'fleet.app:create_app()'
 
 Everything comes from ``GATEWAY_*`` settings; a ``--bind`` on the command line wins.
 With no ``GATEWAY_DATABASE_URL`` / ``GATEWAY_REDIS_URL`` the embedded default (a local
@@ -11,8 +11,8 @@ Worker class: gthread. Behind a load balancer connections are kept alive; gthrea
 idle keep-alive connections in a poller and hands only ready requests to its threads, so
 a worker holds hundreds of connections with a handful of threads, and it needs no extra
 dependency (docs/bench/ has the measurement against sync). ``gthread`` here means
-fleet/worker.py's subclass of it: the workers share one listening socket and balance their
-accepts through a table the master makes before forking (fleet/slots.py), and restart
+fleet/server/worker.py's subclass of it: the workers share one listening socket and balance their
+accepts through a table the master makes before forking (fleet/server/slots.py), and restart
 without a client noticing.
 """
 from __future__ import annotations
@@ -28,25 +28,25 @@ if TYPE_CHECKING:
     from gunicorn.arbiter import Arbiter
     from gunicorn.workers.base import Worker
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
-from fleet.boot import compile_own_code, preload_libraries  # noqa: E402
-from fleet.listen import make_unlistened, start_listening  # noqa: E402
-from fleet.slots import Slots  # noqa: E402
-from fleet.worker import close_application  # noqa: E402
+from fleet.server.boot import compile_own_code, preload_libraries  # noqa: E402
+from fleet.server.listen import make_unlistened, start_listening  # noqa: E402
+from fleet.server.slots import Slots  # noqa: E402
+from fleet.server.worker import close_application  # noqa: E402
 from gateway.settings import Settings  # noqa: E402
 
 _settings = Settings.from_env()
 if not (_settings.database_url and _settings.redis_url and _settings.admin_key and _settings.secret_key):
-    from fleet.local import ensure_embedded  # noqa: E402
+    from fleet.ops.local import ensure_embedded  # noqa: E402
 
     os.environ.update(ensure_embedded(_settings))
     _settings = Settings.from_env()
 
 bind = [_settings.bind]
 workers = _settings.worker_count()
-# "gthread": gunicorn's gthread balanced across this master's workers (fleet/worker.py).
-worker_class = ("fleet.worker.BalancedThreadWorker" if _settings.worker_class == "gthread"
+# "gthread": gunicorn's gthread balanced across this master's workers (fleet/server/worker.py).
+worker_class = ("fleet.server.worker.BalancedThreadWorker" if _settings.worker_class == "gthread"
                 else _settings.worker_class)
 threads = _settings.threads
 keepalive = _settings.keepalive
@@ -84,13 +84,13 @@ proc_name = f"gateway-fleet{'-' + _settings.instance if _settings.instance else 
 _CPUS = _settings.usable_cpus()
 
 # Every worker forks with the third-party libraries imported, and finds our own code compiled
-# (fleet/boot.py says why).
+# (fleet/server/boot.py says why).
 preload_libraries()
 compile_own_code()
 
 
 def _slots(server: Arbiter) -> Slots:
-    """The master's table of its workers (fleet/slots.py), kept on the arbiter: a reload
+    """The master's table of its workers (fleet/server/slots.py), kept on the arbiter: a reload
     runs this file again, and old and new workers must share one table."""
     table = getattr(server, "gw_slots", None)
     if table is None:
@@ -100,7 +100,7 @@ def _slots(server: Arbiter) -> Slots:
 
 
 def pre_fork(server: Arbiter, worker: Worker) -> None:
-    """In the master: a slot in the workers' table (fleet/worker.py balances by it), and the
+    """In the master: a slot in the workers' table (fleet/server/worker.py balances by it), and the
     first of the cores holding the fewest live workers, so a respawned worker takes the core
     its predecessor left (also with more workers than cores)."""
     table = _slots(server)
@@ -139,14 +139,14 @@ def post_fork(server: Arbiter, worker: Worker) -> None:
 
 def on_starting(server: Arbiter) -> None:
     """The port is bound here and listens only once a worker has loaded the application
-    (fleet/listen.py): until then a balancer's connects are refused, not queued."""
+    (fleet/server/listen.py): until then a balancer's connects are refused, not queued."""
     make_unlistened(server)
 
 
 def post_worker_init(worker: Worker) -> None:
     """/ready answers 503 from the moment this worker starts draining (SIGTERM, reload), and
     its /events streams end (else each would hold the worker until the graceful timeout).
-    The application is loaded: the port may take connections (fleet/listen.py)."""
+    The application is loaded: the port may take connections (fleet/server/listen.py)."""
     parts = getattr(worker.wsgi, "parts", None)   # None: gunicorn's error app, ours failed to load
     if parts is not None:
         parts.drain_when(lambda: not worker.alive)

@@ -1,6 +1,6 @@
 """Quotas, shared by the fleet and never exceeded: a counter per key and period in Redis, taken
 from by *leases*: a worker takes K calls in one atomic script and spends them locally under a
-per-bucket lock. (Rate limits: ``fleet.rates``; both held by ``fleet.leases.LeasedAdmission``.)
+per-bucket lock. (Rate limits: ``fleet.shared.rates``; both held by ``fleet.shared.leases.LeasedAdmission``.)
 
 Quotas, L = ``GATEWAY_LEASE_MS``, H = ``GATEWAY_QUOTA_HOLD_S``, W = live workers:
 
@@ -43,7 +43,7 @@ bucket, so the rebuild waits for the next admission and the history has caught u
   executing or queued in a worker's history writer (written every
   ``GATEWAY_HISTORY_FLUSH_MS``; longer while the store is unreachable) and calls spent from
   leases taken from the lost bucket (at most one lease per worker).
-  A worker learns of a loss from its bus heartbeat (``fleet.bus``: its own entry gone) and
+  A worker learns of a loss from its bus heartbeat (``fleet.shared.bus``: its own entry gone) and
   drops what its leases still hold, so a loss while a key has been idle for one heartbeat
   loses nothing: exact. On Redis Cluster the heartbeat sees only the bus's master: a loss on
   another master is learned from the rebuild, after the workers spent their leftovers (at
@@ -78,7 +78,7 @@ if TYPE_CHECKING:
     from gateway.model.catalog import ApiKey
     from gateway.settings import Settings
 
-log = logging.getLogger("fleet.quotas")
+log = logging.getLogger("fleet.shared.quotas")
 
 # (key id, period start in epoch seconds) -> (calls admitted, rows returned) since then, as
 # the run history holds them (``gateway.store.history.AdmittedUsage``).
@@ -397,7 +397,7 @@ class QuotaLeases:
                 self._leases.pop(name, None)
 
     def drop_leftovers(self) -> None:
-        """Redis lost its data (``fleet.bus`` found this worker's heartbeat gone): the calls
+        """Redis lost its data (``fleet.shared.bus`` found this worker's heartbeat gone): the calls
         left in a lease whose bucket is gone were never counted anywhere the rebuild can see
         (the run history counts calls made), so they are dropped, not handed back, and a loss
         while a key is idle stays exact. A lease taken since then from the rebuilt bucket (the

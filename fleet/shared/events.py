@@ -32,7 +32,7 @@ from .redis_client import RedisLink
 if TYPE_CHECKING:
     from gateway.ports import Run
 
-log = logging.getLogger("fleet.events")
+log = logging.getLogger("fleet.shared.events")
 
 STREAM = "gw:{events}:stream"
 POLL_MS = 1000  # a reader's longest XREAD: how soon a stream ends once its worker drains
@@ -46,7 +46,7 @@ class RedisEvents:
         self._readers = threading.BoundedSemaphore(max_readers)
         self._worker = worker
         self._failing = False
-        # Set by fleet/gunicorn_conf.py: a draining worker ends its streams (the clients
+        # Set by fleet/server/gunicorn_conf.py: a draining worker ends its streams (the clients
         # resume elsewhere with Last-Event-ID) instead of holding its exit for the graceful timeout.
         self.draining: Callable[[], bool] = lambda: False
 

@@ -131,7 +131,7 @@ class RedisLink:
                **extra: Any) -> Any:
         """A command client (``redis.Redis`` or ``RedisCluster``: the same commands, scripts,
         pipelines without transactions). Sentinel: its connections follow ``+switch-master``
-        (``fleet.sentinel_watch``) unless ``register`` is off (a long-lived connection that
+        (``fleet.shared.sentinel_watch``) unless ``register`` is off (a long-lived connection that
         watches ``switches()`` itself)."""
         timeouts: dict[str, Any] = {"socket_timeout": timeout_s,
                                     "socket_connect_timeout": connect_timeout_s or timeout_s}

@@ -6,7 +6,7 @@ half its burst, each of the fleet's W live workers may admit up to **h = floor(b
 calls on it without asking (the bucket is *local* to it) and reports them afterwards, every
 bucket that is due in one script per sync interval S (``GATEWAY_LEASE_MS``). A report that
 finds the bucket under half its burst makes the bucket *shared* for that worker: it takes
-leases of pre-debited tokens per script, as ``fleet.leases`` always did, leaving (W-1)*h
+leases of pre-debited tokens per script, as ``fleet.shared.leases`` always did, leaving (W-1)*h
 tokens for the other workers' headroom; a later answer showing half the burst again makes it
 local again.
 
@@ -18,7 +18,7 @@ most (W-1)*h, it takes h); a shared worker is granted tokens only above (W-1)*h;
 raises the level. So every call admitted locally is covered by a token in the bucket at the
 time it is admitted; reporting it late only loses refill to the cap, never adds a token.
 Leases are spent within L (``GATEWAY_LEASE_MS``) of being taken, as before. With W the
-live workers (``fleet.bus``), in any window T:
+live workers (``fleet.shared.bus``), in any window T:
 
 * **admitted(T) <= b + r * (T + L)**; a window with no shared spell: b + r * T.
 * A worker killed loses its unreported calls: at most h more per bucket (admitted, never
@@ -29,7 +29,7 @@ live workers (``fleet.bus``), in any window T:
 * What an exact limiter admits and this one refuses: the (W-1)*h tokens kept for the others
   when a bucket is shared, so a caller whose calls all reach one worker gets a full bucket
   of b/2 + h at once instead of b (with W = 1: all of it), then r per second, as exact; and
-  leftovers of expired leases (dropped, see ``fleet.leases``).
+  leftovers of expired leases (dropped, see ``fleet.shared.leases``).
 
 Cost: a bucket is reported once its unreported calls reach half its headroom, or when the
 oldest of them is as old as the time the bucket takes to refill (b/r, at least S): a bucket
@@ -238,7 +238,7 @@ class RateLimits:
         workers = max(1, self._workers())
         self._grow_or_shrink(bucket, now)
         report, bucket.unreported = bucket.unreported, 0
-        bucket.tokens = 0   # an expired lease's leftovers are dropped (fleet.leases: the bound)
+        bucket.tokens = 0   # an expired lease's leftovers are dropped (fleet.shared.leases: the bound)
         # With a report in flight, this answer may not count it yet: no headroom on it.
         keep_local = workers * h if not bucket.in_flight else 0
         try:

@@ -2,7 +2,7 @@
 Management API exactly as a QueryAPIGate user's script would. Safe to re-run: what exists
 is left alone, and the demo key's secret is kept in a file (rotated if it was lost).
 
-The connection ``demo`` logs in as ``demo_reader`` (fleet/local/demo.py), a role that may only
+The connection ``demo`` logs in as ``demo_reader`` (fleet/ops/local/demo.py), a role that may only
 SELECT the demo tables; both queries only read. A second connection, ``demo_writer``, logs in
 as ``demo_writer``, a role that may only run the load tests' deposit (``UPDATE
 pgbench_accounts SET abalance = abalance + :delta WHERE aid = :aid``,

@@ -1,7 +1,7 @@
 """The cache's fleet side: an acknowledged purge bus (``RedisCacheSync``) and the shared
 tier (``RedisSharedTier``), both in Redis under the ``{fleet}`` hash tag.
 
-The bus is the catalog bus's protocol (``fleet.bus``) on its own channel and its own
+The bus is the catalog bus's protocol (``fleet.shared.bus``) on its own channel and its own
 sequence, so a purge does not bump the catalog's generation nor make anyone reload:
 
 1. ``announce`` takes the next number of ``gw:{fleet}:cache:seq``, publishes the purge with
@@ -43,7 +43,7 @@ if TYPE_CHECKING:
     from gateway.cache.entry import Entry
     from gateway.cache.memory import MemoryCache, Purge
 
-log = logging.getLogger("fleet.cache")
+log = logging.getLogger("fleet.shared.cache")
 
 PREFIX = "gw:{fleet}:cache:"
 CHANNEL = "gw:{fleet}:cache"
@@ -232,7 +232,7 @@ class RedisCacheSync:
             backoff = min(backoff * 2, 0.5)
 
     def _serve(self, memory: MemoryCache) -> None:
-        # The catalog bus's way (fleet.bus): sharded pub/sub in a cluster, on the master of the slot.
+        # The catalog bus's way (fleet.shared.bus): sharded pub/sub in a cluster, on the master of the slot.
         pubsub = self._link.subscriber(CHANNEL, max(self._ping_s * 2, 0.5)).pubsub()
         try:
             self._link.subscribe(pubsub, CHANNEL)

@@ -37,7 +37,7 @@ from gunicorn.http.parser import RequestParser
 from gunicorn.http.wsgi import SERVER_SOFTWARE, FileWrapper, WSGIErrorsWrapper, _make_early_hints_callback
 from gunicorn.util import unquote_to_wsgi_str
 
-from fleet.lean import nothing_to_drain
+from fleet.server.lean import nothing_to_drain
 
 # The environ key of a GET the application may be asked for again (``replayable``): the
 # application's ``gateway.pipeline.from_memory.REPLAYABLE`` (a test holds them equal). Not
@@ -154,7 +154,7 @@ class LeanParser(RequestParser):
     next = __next__
 
     def read_ready(self) -> LeanRequest | None:
-        """On the server's loop, for a request the front read whole (fleet/front.py: every byte
+        """On the server's loop, for a request the front read whole (fleet/server/front.py: every byte
         of it is in the unreader's buffer): the request, when it is plain and nothing follows
         it; else None. Either way what was read stays for ``next``: a request read here is the
         one ``next`` returns (``ready``)."""

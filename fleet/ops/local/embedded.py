@@ -61,7 +61,7 @@ _ACL_LOCK_KEY = 0x6677_0003  # pg_advisory_xact_lock key for "changing a databas
 
 
 def _log(message: str) -> None:
-    print(f"[fleet.local] {message}", file=sys.stderr, flush=True)
+    print(f"[fleet.ops.local] {message}", file=sys.stderr, flush=True)
 
 
 @contextlib.contextmanager

@@ -1,5 +1,5 @@
 """Whether the admission's Redis answers, per server: the 250 ms windows in which a worker
-decides without it (``GATEWAY_REDIS_FAILURE``), and the log that says so (``fleet.degraded``).
+decides without it (``GATEWAY_REDIS_FAILURE``), and the log that says so (``fleet.shared.degraded``).
 
 In a cluster the windows are kept per master of a bucket's slot (as the client's slot map says:
 after a failover, the promoted one), so the buckets on the other masters stay shared, and a
