@@ -170,7 +170,8 @@ def test_locust_cached_scenario_finds_no_stale_answer(fleet_api, master, tmp_pat
     import os
     import subprocess
 
-    from helpers.util import ADMIN_KEY, ROOT, free_port
+    from helpers.ports import free_port
+    from helpers.util import ADMIN_KEY, ROOT
     env = {**os.environ, "GATEWAY_ADMIN_KEY": ADMIN_KEY, "LOADTEST_CONNECTION": fleet_api.connection(),
            "LOADTEST_WRITE_CONNECTION": fleet_api.connection(unique("demo_writer")),
            "LOADTEST_KEY_PREFIX": f"cc{free_port()}", "LOADTEST_MAX_ID": "1000000"}

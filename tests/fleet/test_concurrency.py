@@ -18,7 +18,7 @@ from fleet.degraded import DegradedLog
 from gateway.errors import GatewayError
 from gateway.model.catalog import ApiKey
 from helpers.masters import Master
-from helpers.util import free_port
+from helpers.ports import free_port
 
 SLOW_S = 4.0   # long enough for every call of an attack to arrive while the first ones still run
 

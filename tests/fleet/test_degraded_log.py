@@ -23,8 +23,10 @@ from fleet.leases import LeasedAdmission
 from gateway.errors import GatewayError
 from gateway.model.limits import Rate
 from gateway.settings import Settings
-from helpers.redis_topologies import TOPOLOGY_PORT
 from helpers.services import start_redis
+
+# Its own Redis, stopped and started.
+pytestmark = pytest.mark.integration
 
 DOWN_S = 3.5
 SUMMARY_S = 1
@@ -32,7 +34,7 @@ SUMMARY_S = 1
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    rd = start_redis(tmp_path_factory.mktemp("degraded-redis"), TOPOLOGY_PORT + 30)
+    rd = start_redis(tmp_path_factory.mktemp("degraded-redis"))
     yield rd
     rd.stop()
 

@@ -18,7 +18,7 @@ from fleet.leases import LeasedAdmission
 from fleet.rates import parse_bucket, rate_bucket
 from gateway.errors import GatewayError
 from helpers.admission import FakeClock, a_key, hammer, most_inside, settings
-from helpers.util import free_port
+from helpers.ports import free_port
 
 
 def level(rdb, key) -> float | None:

@@ -8,7 +8,7 @@ import socket
 import threading
 import time
 
-from helpers.util import free_port
+from helpers.ports import free_port
 
 
 class DelayingRelay:

@@ -17,7 +17,8 @@ from gateway.http.management import ROUTES
 from gateway.ports import LocalSync
 from helpers import raw
 from helpers.api import Reply
-from helpers.util import ADMIN_KEY, ROOT, free_port, unique
+from helpers.ports import free_port
+from helpers.util import ADMIN_KEY, ROOT, unique
 
 # A 500 is a bug: no request is supposed to be able to cause one.
 NOT_PRODUCIBLE = {"internal_error"}
@@ -586,7 +587,8 @@ def _route_calls():
 
 
 @pytest.mark.parametrize("method, path", list(_route_calls()))
-@pytest.mark.parametrize("given", [None, "", "wrong", ADMIN_KEY + "x", ADMIN_KEY[:-1]])
+@pytest.mark.parametrize("given", [None, "", "wrong", ADMIN_KEY + "x", ADMIN_KEY[:-1]],
+                         ids=["none", "empty", "wrong", "admin-and-more", "admin-cut-short"])
 def test_management_needs_the_admin_key(api, method, path, given):
     headers = {"Content-Type": "application/json"}
     if given is not None:

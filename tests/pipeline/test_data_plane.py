@@ -11,7 +11,8 @@ import pytest
 from gateway.ports import LocalSync
 from gateway.store.history import AdmittedUsage
 from helpers.history import wait_for_history
-from helpers.util import free_port, unique
+from helpers.ports import free_port
+from helpers.util import unique
 
 SERIES = "SELECT g AS n FROM generate_series(1, :total) AS g ORDER BY g"
 SERIES_PARAMS = {"total": {"type": "int", "default": 25}}
