@@ -15,7 +15,6 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 import requests
@@ -25,7 +24,7 @@ from helpers.api import Api
 from helpers.fleetup import started
 from helpers.history import key_id, runs_by_worker
 from helpers.load import Load, statuses, until_each_made
-from helpers.procs import child_pids, running, wait_gone
+from helpers.procs import child_pids, ran_for, running, wait_gone
 from helpers.util import wait_until
 
 # Measured 3.3-4.1 s on a quiet machine, 5.4-11.2 s at a load average of 17-40 on 2 cores,
@@ -159,13 +158,6 @@ def test_a_rolling_restart_of_the_masters_fails_no_call(fleet, admin, superuser)
 # docs/failures.md): the supervisor's poll (0.1 s), nginx's start, and its bind
 # once the old workers have let the port go.
 NGINX_OUTAGE_S = 2.0
-
-
-def ran_for(pid: int) -> float:
-    """Seconds since ``pid`` started (/proc)."""
-    start_ticks = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
-    uptime = float(Path("/proc/uptime").read_text().split()[0])
-    return uptime - start_ticks / os.sysconf("SC_CLK_TCK")
 
 
 def nginx_back_after(fleet, victim: int, killed: float, timeout_s: float = 15) -> int:
