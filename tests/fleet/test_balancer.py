@@ -13,9 +13,9 @@ import time
 
 import pytest
 
+from fleet.cli import NGINX_FAIL_TIMEOUT_S
 from helpers.api import Api
 from helpers.fleetup import started
-from fleet.cli import NGINX_FAIL_TIMEOUT_S
 from helpers.load import Load, statuses, until_each_made
 
 pytestmark = pytest.mark.slow

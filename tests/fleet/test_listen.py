@@ -43,7 +43,7 @@ def test_the_port_refuses_until_a_worker_serves(services, tmp_path_factory, reus
             with socket.socket() as probe, pytest.raises(ConnectionRefusedError):
                 probe.settimeout(2)
                 probe.connect(("127.0.0.1", master.port))
-            time.sleep(0.05)
+            time.sleep(0.05)      # probes spread over the wait: the port refuses all along
         services.sql(f"ALTER ROLE {role} LOGIN")
         master.wait_ready(60)
         # Once it listens, it serves at once.

@@ -128,7 +128,7 @@ def test_a_low_bucket_is_shared_then_local_again(redis_url, rdb):
         with pytest.raises(GatewayError):       # the next report finds 0: shared, and empty
             admission.admit_key(key)
         assert not bucket.local
-        time.sleep(1.1)                         # Redis time: the bucket refills
+        time.sleep(1.1)                         # a sleep that is the test: Redis's clock refills the bucket
         clock.now += 1.1
         admission.admit_key(key)                # the lease expired: the answer says local again
         assert bucket.local
@@ -228,6 +228,7 @@ def test_handed_back_leftovers_stay_within_the_documented_bound(redis_url):
         for admission, clock in zip(idle, clocks, strict=True):
             clock.now = time.monotonic()
             admission.admit_key(key)              # takes 256, 192, 144 tokens, spends 1 each
+        # Sleeps that are the test: Redis's own clock (TIME) refills the bucket, a fake one cannot.
         time.sleep(max(0.0, taken_at + 0.62 - time.monotonic()))   # the bucket is full again (592 ms)
         drainer = threading.Thread(target=drain)
         drainer.start()
@@ -235,7 +236,7 @@ def test_handed_back_leftovers_stay_within_the_documented_bound(redis_url):
         for admission, clock in zip(idle, clocks, strict=True):
             clock.now = time.monotonic()          # the flusher's tick, 1.8L after the take
             admission.flush()
-        time.sleep(1.1)
+        time.sleep(1.1)      # the drainer's window, measured below
         stop.set()
         drainer.join()
     finally:

@@ -118,7 +118,7 @@ class Load:
                 elif ended - refused_since > self.until_refused[1]:
                     break
             if self.pause_s:
-                time.sleep(self.pause_s)
+                time.sleep(self.pause_s)      # paced clients
         session.close()
 
 
@@ -200,7 +200,7 @@ class Callers:
                 session.close()
                 session = requests.Session()
             if self.pause_s:
-                time.sleep(self.pause_s)
+                time.sleep(self.pause_s)      # paced clients
         session.close()
 
 

@@ -59,7 +59,7 @@ class DelayingRelay:
                 delay = self.reply_delay_s if replies else 0.0
                 if delay:
                     self.held += 1
-                    time.sleep(delay)
+                    time.sleep(delay)      # the slow Redis this relay stands for
                 sink.sendall(data)
         except OSError:
             pass

@@ -157,7 +157,7 @@ def stalled(services: Services, seconds: float) -> threading.Thread:
     os.kill(pid, signal.SIGSTOP)
 
     def resume():
-        time.sleep(seconds)
+        time.sleep(seconds)      # the stall the caller asked for
         os.kill(pid, signal.SIGCONT)
     thread = threading.Thread(target=resume)
     thread.start()
