@@ -128,8 +128,8 @@ def test_a_call_after_a_write_never_joins_a_fill_that_read_before_it(writer, nam
         leader = threading.Thread(target=lambda into=first: into.append(api.call(read, secret)))
         leader.start()
         # The leader's read has begun: its snapshot is the old rows (or it was answered from the cache).
-        wait_until(lambda: first or superuser("SELECT 1 FROM pg_stat_activity WHERE wait_event = 'PgSleep'",
-                                              db="demo"), 10, 0.01, "the leader reading")
+        wait_until(lambda answered=first: answered or superuser(
+            "SELECT 1 FROM pg_stat_activity WHERE wait_event = 'PgSleep'", db="demo"), 10, 0.01, "the leader reading")
         if step == "purge":
             superuser(f"UPDATE {table} SET v = 'newer' WHERE id = 1", db="demo")   # outside the gateway
         changed = change()
