@@ -7,24 +7,35 @@ Every test makes its own connections, queries and keys with a unique suffix, so 
 depend on each other's objects; the gateway processes a test starts (gunicorn masters,
 ``fleet up``) join the session's store and Redis with the session's keys.
 
-Servers and their ports (fixed, so that two suites on one machine can be told apart;
-each overridable from the environment). The PostgreSQL ports lie below Linux's ephemeral range
-(32768-60999): a port in it can be the local end of some client's connection at the moment a
-server starts, and two suites side by side here met "Address already in use" that way; the
-Redis ports are above it:
+Tiers: every test is marked ``unit``, ``integration`` or ``fleet`` as it is collected, by what it
+uses (``helpers/tiers.py`` has the rules; an explicit marker wins), so ``pytest -m unit`` runs in
+well under a minute and a new test lands in a tier without a thought.
 
-- ``GATEWAY_TEST_PG_PORT`` (25439), ``GATEWAY_TEST_REDIS_PORT`` (63839): the session's pair
-  (``services``), the store in database ``gateway``, the demo tables in ``demo``;
-- ``GATEWAY_TEST_PRIVATE_PG_PORT`` (25459), ``GATEWAY_TEST_PRIVATE_REDIS_PORT`` (63859): the
-  pair of a module's own (``private_services``), for fault tests that stop or restart a
-  server (Redis restarted under load) so that nothing else sees the outage. The former
-  names ``GATEWAY_TEST_FLEET_PG_PORT`` / ``GATEWAY_TEST_FLEET_REDIS_PORT`` are read too;
-- ``GATEWAY_TEST_CORPUS_PG_PORT`` (25469): the hostile-input corpus's own PostgreSQL
-  (``governance/test_governance_corpus.py``: hostile SQL runs there as the superuser);
-- ``GATEWAY_TEST_LOCAL_PG_PORT`` (25419), ``GATEWAY_TEST_LOCAL_REDIS_PORT`` (63819): the
-  embedded default's servers (``fleet/test_local.py`` tests ``fleet.ops.local`` itself).
+Ports: every server gets a free one (``helpers/ports.py``): below Linux's ephemeral range
+(32768-60999), where no client's connection can hold the port between the moment it is picked
+and the moment the server binds it (two suites side by side met "Address already in use" that
+way), and locked across processes, so pytest-xdist's workers and other checkouts' suites never
+pick the same one. Each xdist worker starts its own session pair (its own store, Redis and
+gunicorn master): tests share them through unique names, but a fleet's bus, heartbeats and
+events are per Redis, and what one worker's fault tests do must not reach another's.
+``GATEWAY_TEST_PORTS=low-high`` narrows the range; ``helpers.services.FIXED_PORTS`` lists the
+variables that fix a server's port for a serial run (``GATEWAY_TEST_PG_PORT``...).
+
+Servers: the session's pair (``services``), the store in database ``gateway``, the demo tables
+in ``demo``; a module's own pair (``private_services``) for fault tests that stop or restart a
+server (Redis restarted under load), so that nothing else sees the outage; the hostile-input
+corpus's own PostgreSQL (``governance/test_governance_corpus.py``: hostile SQL runs there as the
+superuser); the embedded default's servers (``fleet/test_local.py`` tests ``fleet.ops.local`` itself).
+
+Timeouts (pytest-timeout): ``timeout`` in setup.cfg for every test, ``SLOW_TIMEOUT_S`` for those
+marked ``slow``: a hang fails with the test's name and the stacks of every thread.
 """
 from __future__ import annotations
+
+import hashlib
+import os
+import tempfile
+from pathlib import Path
 
 import falcon.testing
 import psycopg2
@@ -32,17 +43,60 @@ import pytest
 
 from fleet.app import create_app
 from gateway.settings import Settings
+from helpers import tiers
 from helpers.api import Api
 from helpers.masters import Master
-from helpers.services import PG_PORT, PRIVATE_PG_PORT, PRIVATE_REDIS_PORT, REDIS_PORT, start_services
-from helpers.util import ADMIN_KEY, METRICS_TOKEN, PASSWORD_ENV, SECRET_KEY, unique
+from helpers.services import fixed_port_variables, port_for, start_services
+from helpers.util import ADMIN_KEY, METRICS_TOKEN, PASSWORD_ENV, ROOT, SECRET_KEY, unique
+
+SLOW_TIMEOUT_S = 300
+
+
+# --- tiers, timeouts, order ---------------------------------------------------------------
+def _temp_root_of_this_checkout(config) -> None:
+    """The session's temporary folders under a root of this checkout's own, not the machine's
+    shared ``/tmp/pytest-of-<user>``: the embedded PostgreSQL runs as the ``postgres`` user, which
+    reaches its data folder through a search bit (``o+x``) that ``fleet.ops.local`` adds on the way
+    there; every pytest session that starts on the machine resets ``pytest-of-<user>`` to 0700,
+    and another checkout's suite starting then failed an ``initdb`` of ours ("Permission
+    denied" on ``global/pg_control``)."""
+    if config.option.basetemp or os.environ.get("PYTEST_DEBUG_TEMPROOT") or hasattr(config, "workerinput"):
+        return
+    root = Path(tempfile.gettempdir()) / f"gateway-tests-{hashlib.sha1(str(ROOT).encode()).hexdigest()[:10]}"
+    root.mkdir(mode=0o711, exist_ok=True)
+    os.environ["PYTEST_DEBUG_TEMPROOT"] = str(root)
+
+
+def pytest_configure(config):
+    _temp_root_of_this_checkout(config)
+    fixed = fixed_port_variables()
+    if fixed and tiers.xdist_workers(config) > 1:
+        raise pytest.UsageError(f"{', '.join(fixed)} fix(es) a server's port, which several xdist workers "
+                                "cannot share: run with -n 0, or unset it (free ports are picked and locked, "
+                                "GATEWAY_TEST_PORTS=low-high narrows their range)")
+    tiers.refuse_servers()
+
+
+@pytest.hookimpl(tryfirst=True)     # before xdist's own, which reads the markers
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        item.add_marker(tiers.tier_of(item))
+        if item.get_closest_marker("slow") and not item.get_closest_marker("timeout"):
+            item.add_marker(pytest.mark.timeout(SLOW_TIMEOUT_S))
+    if tiers.xdist_workers(config):
+        tiers.heaviest_first(items)
+
+
+@pytest.hookimpl(tryfirst=True)     # before the fixtures of the test are set up
+def pytest_runtest_setup(item):
+    tiers.current = tiers.tier_of(item)
 
 
 # --- servers ---------------------------------------------------------------------------
 @pytest.fixture(scope="session")
 def services(tmp_path_factory):
     """The session's PostgreSQL + Redis (``helpers.services.Services``)."""
-    servers = start_services(tmp_path_factory.mktemp("svc"), PG_PORT, REDIS_PORT, demo=True)
+    servers = start_services(tmp_path_factory.mktemp("svc"), port_for("pg"), port_for("redis"), demo=True)
     try:
         with pytest.MonkeyPatch.context() as patch:
             # for the in-process apps; gateway processes get it from ``Services.env``
@@ -69,7 +123,7 @@ def rdb(services):
 def private_services(tmp_path_factory):
     """A PostgreSQL + Redis pair of this module's own, for tests that stop or restart a server;
     connections read its ``postgres`` database."""
-    servers = start_services(tmp_path_factory.mktemp("private-svc"), PRIVATE_PG_PORT, PRIVATE_REDIS_PORT)
+    servers = start_services(tmp_path_factory.mktemp("private-svc"), port_for("private_pg"), port_for("private_redis"))
     try:
         yield servers
     finally:

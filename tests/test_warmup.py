@@ -151,7 +151,7 @@ def _slowed_schemas(app, settings, api, count: int, delay_s: float):
 
     def counted(c):
         reads.append(c.name)
-        time.sleep(delay_s)
+        time.sleep(delay_s)      # a sleep that is the test: a slow read
         return load(c)
     schemas._load = counted
     return schemas, connections, reads
@@ -185,8 +185,8 @@ def test_closing_stops_the_queued_reads_and_waits_for_the_one_under_way(app, set
     waited for (a daemon thread inside libpq at interpreter exit crashed a process with SIGSEGV)."""
     schemas, connections, reads = _slowed_schemas(app, settings, api, 5, 0.3)
     schemas.warm(connections)
-    time.sleep(0.1)                      # the first read is under way
+    wait_until(lambda: reads, 5, 0.01, "the first read under way")
     schemas.close()
+    # Every reading thread is gone, so no queued read can start later: what was read is final.
     assert not any(t.is_alive() for t in schemas._threads)
-    time.sleep(0.5)
     assert reads == [connections[0].name], reads

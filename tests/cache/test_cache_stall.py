@@ -115,7 +115,8 @@ def test_a_fill_that_read_before_a_redis_restart_is_not_shared_after_a_purge(pai
         leader: list = []
         filling = threading.Thread(target=lambda: leader.append(purging_api.call(read, secret)))
         filling.start()
-        time.sleep(0.5)                                # the fill has taken the generation and reads
+        wait_until(lambda: sql("SELECT 1 FROM pg_stat_activity WHERE wait_event = 'PgSleep'", db="postgres"), 10,
+                   0.02, "the fill reading (it took the generation before)")
         private_services.redis.stop()
         private_services.redis.start()
         for app in (serving, purging):

@@ -10,8 +10,8 @@ import time
 import pytest
 import requests
 
-from helpers.load import Load, statuses
-from helpers.util import METRICS_AUTH, unique
+from helpers.load import Load, statuses, until_each_made
+from helpers.util import METRICS_AUTH, unique, wait_until
 
 
 @pytest.fixture
@@ -54,15 +54,15 @@ def test_a_purge_reaches_every_worker_before_it_returns_under_load(fleet_api, ma
     connection = api.connection()
     query = api.query(f"SELECT v FROM {table} WHERE id = 1", connection=connection, cache_ttl=600)
     secret = api.key([query], [connection])
-    answered = []
+    answered = [(time.monotonic(), 0)]
     with _loaded(master, f"/q/{query}", secret) as load:
         for value in range(1, 31):
-            time.sleep(0.1)                     # every worker serves the cached value meanwhile
+            until_each_made([load], 12, since=answered[-1][0])   # every worker serves the cached value meanwhile
             superuser(f"UPDATE {table} SET v = {value} WHERE id = 1", db="demo")   # outside the gateway
             reply = api.manage("DELETE", "/cache/entries", params={"query": query})
             answered.append((time.monotonic(), value))
             assert reply.status == 204 and "pending=0" in reply.headers["X-Cache-Invalidated"], reply.headers
-        time.sleep(0.2)
+        until_each_made([load], 12, since=answered[-1][0])
     calls = load.calls
     assert statuses(calls) == {(200, None): len(calls)}, statuses(calls)
     stale = []
@@ -80,10 +80,10 @@ def test_a_write_through_the_gateway_reaches_every_worker_before_it_is_answered(
     read = api.query(f"SELECT v FROM {table} WHERE id = 1", connection=connection, cache_ttl=600)
     write = api.query(f"UPDATE {table} SET v = :v WHERE id = 1", {"v": {"type": "int"}}, connection=connection)
     secret = api.key([read, write], [connection], allow_writes=True)
-    answered, write_ms, purges = [], [], []
+    answered, write_ms, purges = [(time.monotonic(), 0)], [], []
     with _loaded(master, f"/q/{read}", secret) as load:
         for value in range(1, 101):
-            time.sleep(0.02)
+            until_each_made([load], 4, since=answered[-1][0])    # reads between two writes
             sent = time.monotonic()
             reply = api.call(write, secret, {"v": str(value)})
             assert reply.status == 200 and reply.headers["X-Rows-Affected"] == "1", reply
@@ -91,7 +91,7 @@ def test_a_write_through_the_gateway_reaches_every_worker_before_it_is_answered(
             write_ms.append((time.monotonic() - sent) * 1000)
             invalidated = dict(part.strip().split("=") for part in reply.headers["X-Cache-Invalidated"].split(";"))
             purges.append(invalidated)
-        time.sleep(0.2)
+        until_each_made([load], 12, since=answered[-1][0])
     calls = load.calls
     assert statuses(calls) == {(200, None): len(calls)}, statuses(calls)
     stale = [(c.started, c.body, f) for c in calls
@@ -124,24 +124,26 @@ def test_cache_entries_lists_the_shared_tier(fleet_api, master, table):
     assert cold_call(master.base, f"/q/{query}", secret).headers["X-Cache"] == "miss"
 
 
-def scans_of(superuser, table: str, expected: int) -> int:
-    """The table's sequential scans, once PostgreSQL has them all (an idle backend reports its
-    statistics within about 10 s), or after 15 s."""
-    deadline = time.monotonic() + 15
-    while True:
-        scans = superuser(f"SELECT seq_scan FROM pg_stat_user_tables WHERE relname = '{table}'", db="demo")[0][0]
-        if scans >= expected or time.monotonic() > deadline:
-            time.sleep(0.5)   # a late report would show here
-            return superuser(f"SELECT seq_scan FROM pg_stat_user_tables WHERE relname = '{table}'", db="demo")[0][0]
-        time.sleep(0.2)
+def scans_of(superuser, table: str, since) -> int:
+    """The table's sequential scans. A backend reports its statistics when it ends, and an idle
+    one otherwise only about 10 s later: the gateway's data sessions on the demo database opened
+    since ``since`` (PostgreSQL's clock), the test's own pool's (a read heals on a fresh one),
+    are ended first, and each has reported once it is gone."""
+    ended = superuser("SELECT pid, pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = 'demo' "
+                      "AND application_name = 'gateway-fleet' AND backend_start >= %s", (since,))
+    wait_until(lambda: not superuser("SELECT 1 FROM pg_stat_activity WHERE pid = ANY(%s)", ([p for p, _ in ended],)),
+               10, 0.02, "the data sessions ended")
+    return superuser(f"SELECT seq_scan FROM pg_stat_user_tables WHERE relname = '{table}'", db="demo")[0][0]
 
 
 def test_concurrent_misses_in_one_worker_make_one_database_call(api, endpoint, superuser):
     """Single flight: 8 threads miss the same entry at once; the table is scanned once."""
     table = unique("cache_s").replace("-", "_")
     superuser(f"CREATE TABLE {table} (id int)", db="demo")
+    (since,) = superuser("SELECT now()")[0]
     try:
-        ep = endpoint(f"SELECT count(*) AS n, pg_sleep(0.3) AS slept FROM {table}", cache_ttl=60)
+        ep = endpoint(f"SELECT count(*) AS n, pg_sleep(0.3) AS slept FROM {table}", cache_ttl=60,
+                      connection=api.connection())     # a pool of its own: its sessions are ended to count
         replies = []
         threads = [threading.Thread(target=lambda: replies.append(api.call(ep.query, ep.secret))) for _ in range(8)]
         for t in threads:
@@ -150,7 +152,7 @@ def test_concurrent_misses_in_one_worker_make_one_database_call(api, endpoint, s
             t.join()
         assert all(r.status == 200 for r in replies), replies[0]
         assert sorted(r.headers["X-Cache"] for r in replies) == ["miss"] * 8
-        assert scans_of(superuser, table, 1) == 1
+        assert scans_of(superuser, table, since) == 1
         # The control: the same calls past the cache scan it once each.
         bypass = [threading.Thread(target=lambda: replies.append(api.call(ep.query, ep.secret, {"cache": "false"})))
                   for _ in range(8)]
@@ -158,7 +160,7 @@ def test_concurrent_misses_in_one_worker_make_one_database_call(api, endpoint, s
             t.start()
         for t in bypass:
             t.join()
-        assert scans_of(superuser, table, 9) == 9
+        assert scans_of(superuser, table, since) == 9
     finally:
         superuser(f"DROP TABLE {table}", db="demo")
 
@@ -170,7 +172,8 @@ def test_locust_cached_scenario_finds_no_stale_answer(fleet_api, master, tmp_pat
     import os
     import subprocess
 
-    from helpers.util import ADMIN_KEY, ROOT, free_port
+    from helpers.ports import free_port
+    from helpers.util import ADMIN_KEY, ROOT
     env = {**os.environ, "GATEWAY_ADMIN_KEY": ADMIN_KEY, "LOADTEST_CONNECTION": fleet_api.connection(),
            "LOADTEST_WRITE_CONNECTION": fleet_api.connection(unique("demo_writer")),
            "LOADTEST_KEY_PREFIX": f"cc{free_port()}", "LOADTEST_MAX_ID": "1000000"}

@@ -10,7 +10,7 @@ import time
 
 import requests
 
-from helpers.load import Load, statuses
+from helpers.load import Load, statuses, until_each_made
 from helpers.util import unique
 
 
@@ -32,15 +32,15 @@ def test_a_write_to_a_partition_reaches_every_worker_reading_the_parent(fleet_ap
         write = api.query(f"UPDATE {parent}_1 SET v = :v WHERE id = 1", {"v": {"type": "int"}},
                           connection=connection)
         secret = api.key([read, write], [connection], allow_writes=True)
-        answered = []
+        answered = [(time.monotonic(), 0)]
         with Load(master.base, f"/q/{read}", secret, threads=6, close=True, keep_bodies=True) as load:
             for value in range(1, 41):
-                time.sleep(0.03)
+                until_each_made([load], 3, since=answered[-1][0])     # reads between two writes
                 reply = api.call(write, secret, {"v": str(value)})
                 assert reply.status == 200 and reply.headers["X-Rows-Affected"] == "1", reply
                 assert "X-Cache-Invalidated" in reply.headers, reply.headers
                 answered.append((time.monotonic(), value))
-            time.sleep(0.2)
+            until_each_made([load], 12, since=answered[-1][0])
         calls = load.calls
         assert statuses(calls) == {(200, None): len(calls)}, statuses(calls)
         stale = stale_calls(calls, answered)
@@ -58,10 +58,10 @@ def test_a_worker_killed_during_purges_neither_hangs_them_nor_lets_an_older_answ
         connection = api.connection()
         query = api.query(f"SELECT v FROM {table} WHERE id = 1", connection=connection, cache_ttl=600)
         secret = api.key([query], [connection])
-        answered, waited = [], []
+        answered, waited = [(time.monotonic(), 0)], []
         with Load(master.base, f"/q/{query}", secret, threads=6, close=True, keep_bodies=True) as load:
             for value in range(1, 31):
-                time.sleep(0.05)
+                until_each_made([load], 4, since=answered[-1][0])     # reads between two purges
                 if value == 10:
                     os.kill(master.worker_pids()[0], signal.SIGKILL)   # gunicorn starts another
                 superuser(f"UPDATE {table} SET v = {value} WHERE id = 1", db="demo")   # outside the gateway
@@ -73,7 +73,7 @@ def test_a_worker_killed_during_purges_neither_hangs_them_nor_lets_an_older_answ
                 waited.append(time.monotonic() - sent)
                 answered.append((time.monotonic(), value))
                 assert reply.status == 204, reply
-            time.sleep(0.2)
+            until_each_made([load], 12, since=answered[-1][0])
         calls = load.calls
         # A call the killed worker had taken fails with the connection; every other is answered.
         answers = [c for c in calls if c.status == 200]

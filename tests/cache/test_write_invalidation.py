@@ -5,7 +5,6 @@ and an unqualified name, quoted identifiers, ``INSERT ... ON CONFLICT``."""
 from __future__ import annotations
 
 import threading
-import time
 
 import falcon.testing
 import pytest
@@ -128,7 +127,9 @@ def test_a_call_after_a_write_never_joins_a_fill_that_read_before_it(writer, nam
         first: list = []
         leader = threading.Thread(target=lambda into=first: into.append(api.call(read, secret)))
         leader.start()
-        time.sleep(0.3)                      # the leader's read has begun: its snapshot is the old rows
+        # The leader's read has begun: its snapshot is the old rows (or it was answered from the cache).
+        wait_until(lambda answered=first: answered or superuser(
+            "SELECT 1 FROM pg_stat_activity WHERE wait_event = 'PgSleep'", db="demo"), 10, 0.01, "the leader reading")
         if step == "purge":
             superuser(f"UPDATE {table} SET v = 'newer' WHERE id = 1", db="demo")   # outside the gateway
         changed = change()
@@ -227,7 +228,10 @@ def test_a_write_saved_after_the_worker_read_its_schema_invalidates_by_what_it_d
     secret = managing.key([read], [connection])
     wait_until(lambda: serving.call(read, secret).status == 200, 5, what="the query on the serving app")
     wait_until(lambda: serving.call(read, secret).headers.get("X-Cache") == "hit", 5, what="a hit")
-    time.sleep(0.5)                               # the serving app's schema read behind its first call
+    schemas = serving_app.parts.schemas       # the serving app's schema read behind its first call, done
+    identity = next(c for c in serving_app.parts.holder.current().connections.values() if c.name == connection).identity
+    wait_until(lambda: identity in schemas._kin and identity not in schemas._loading, 10, 0.02,
+               "the serving app's copy of the schema")
     superuser(f"CREATE TABLE {parent}_2 PARTITION OF {parent} FOR VALUES IN (2); "
               f"INSERT INTO {parent} VALUES (2, 'old')", db="demo")
     write = managing.query(f"UPDATE {parent}_2 SET v = 'new' WHERE id = 2", connection=connection)

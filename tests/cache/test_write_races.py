@@ -5,7 +5,6 @@ committed, once the write is answered."""
 from __future__ import annotations
 
 import threading
-import time
 
 import falcon.testing
 import pytest
@@ -39,7 +38,9 @@ def test_a_cached_query_published_during_a_slow_write_is_invalidated_by_it(write
     wrote: list = []
     writing = threading.Thread(target=lambda: wrote.append(api.call(write, secret)))
     writing.start()
-    time.sleep(0.3)                               # the write runs, on the catalog of its start
+    # The write runs, on the catalog of its start.
+    wait_until(lambda: private_services.sql("SELECT 1 FROM pg_stat_activity WHERE wait_event = 'PgSleep'",
+                                            db="postgres"), 10, 0.01, "the write running")
     read = api.query("SELECT v FROM cache_race WHERE id = 1", connection=connection, cache_ttl=600)
     secret = api.key([read, write], [connection], allow_writes=True)
     before = api.call(read, secret)               # the write has not committed: the older row, cached

@@ -16,7 +16,8 @@ import requests
 from compat_calls import calls
 
 from helpers.api import NO_BODY, Api
-from helpers.util import ADMIN_KEY, PASSWORD_ENV, free_port
+from helpers.ports import free_port
+from helpers.util import ADMIN_KEY, PASSWORD_ENV
 from loadtests import peer
 
 PEER_ADMIN_KEY = "qag-admin-" + uuid.uuid4().hex

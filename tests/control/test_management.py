@@ -5,7 +5,6 @@ import hashlib
 
 import pytest
 
-from helpers.services import PG_PORT
 from helpers.util import PASSWORD_ENV, unique
 
 
@@ -14,12 +13,12 @@ def test_connection_lifecycle(api, monkeypatch, services):
     env_name = unique("GW_TEST_PW").upper()
     monkeypatch.setenv(env_name, services.pg.password())
     name = unique("conn")
-    doc = {"name": name, "db": "postgres", "host": "127.0.0.1", "port": PG_PORT, "database": "demo",
+    doc = {"name": name, "db": "postgres", "host": "127.0.0.1", "port": services.pg.port, "database": "demo",
            "user": "postgres", "password": "${%s}" % env_name}
     created = api.manage("POST", "/connections", doc)
     assert created.status == 201, created
     assert created.json["name"] == name and created.json["password"] == "********"
-    assert created.json["port"] == PG_PORT and created.json["user"] == "postgres"
+    assert created.json["port"] == services.pg.port and created.json["user"] == "postgres"
 
     again = api.manage("POST", "/connections", doc)
     assert again.status == 409 and again.json["code"] == "connection_exists"
@@ -80,7 +79,7 @@ def test_a_password_sealed_under_another_secret_key_is_a_typed_conflict(api, ser
     assert api.call(query, secret).status == 200
     foreign = PasswordBox("another server's secret key").seal(services.pg.password())
     superuser("UPDATE gw_connections SET password = %s WHERE name = %s", (foreign, name))
-    assert api.manage("PATCH", f"/connections/{name}", {"port": PG_PORT}).status == 200   # the fleet reloads it
+    assert api.manage("PATCH", f"/connections/{name}", {"port": services.pg.port}).status == 200   # the fleet reloads it
     saved = api.manage("POST", "/queries", {"name": unique("q"), "sql": "SELECT 2 AS two", "connection_name": name})
     assert (saved.status, saved.json["code"]) == (409, "connection_password_unreadable"), saved
     called = api.call(query, secret)
@@ -96,7 +95,7 @@ def test_a_password_sealed_under_another_secret_key_is_a_typed_conflict(api, ser
     ({"options": []}, "options"), ({"colour": "red"}, "colour"), ({"sslmode": True}, "options"),
 ])
 def test_invalid_connection(api, doc, field):
-    base = {"name": unique("conn"), "host": "127.0.0.1", "port": PG_PORT, "database": "demo", "user": "postgres"}
+    base = {"name": unique("conn"), "host": "127.0.0.1", "port": 5432, "database": "demo", "user": "postgres"}   # refused unopened
     got = api.manage("POST", "/connections", {**base, **doc})
     assert got.status == 400 and got.json["code"] == ("unknown_field" if field == "colour" else "invalid_body"), got
     assert field in got.json["errors"]

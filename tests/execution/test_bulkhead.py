@@ -187,7 +187,8 @@ def test_a_call_queued_behind_a_full_bulkhead_is_refused_not_answered_late(make_
     try:
         held = [pool.submit(call, client, ep) for _ in range(3)]
         wait_until(lambda: waiting_on_lock(services, table) >= 3, 10, what="three calls waiting on the lock")
-        time.sleep(0.6)   # past GATEWAY_CONNECTION_STALL_MS (500 ms): nothing has moved since
+        # A sleep that is the test: past GATEWAY_CONNECTION_STALL_MS (500 ms), nothing having moved
+        time.sleep(0.6)
         threading.Timer(1.5, unlock).start()
         got, took = call(client, ep, arrived=time.monotonic() - 2.5, timeout="3")
         assert got.status_code == status and got.json["code"] == code, got.text
@@ -215,7 +216,8 @@ def test_calls_waiting_for_another_calls_cache_fill_hold_places_too(make_app, en
         held = [pool.submit(call, client, ep) for _ in range(3)]
         wait_until(lambda: waiting_on_lock(services, table) == 1 and bulkhead.held == 3, 10,
                    what=lambda: f"one fill on the lock and 3 places held, held={bulkhead.held}")
-        time.sleep(0.6)   # past GATEWAY_CONNECTION_STALL_MS (500 ms): nothing moved since
+        # A sleep that is the test: past GATEWAY_CONNECTION_STALL_MS (500 ms), nothing having moved
+        time.sleep(0.6)
         got, took = call(client, ep)
         assert (got.status_code, got.json["code"]) == (503, "connection_busy"), got.text
         assert took < 0.3 and waiting_on_lock(services, table) == 1   # one statement only: single flight held

@@ -17,7 +17,7 @@ from gateway.execution.pool import SessionPool, session_options
 from gateway.ports import LocalSync
 from gateway.sql import Template, read
 from helpers.api import Api
-from helpers.load import Load, statuses
+from helpers.load import Load, statuses, until_each_made
 from helpers.masters import Master
 from helpers.util import unique
 
@@ -34,17 +34,17 @@ def test_a_postgresql_restart_costs_no_more_than_its_own_duration(private_servic
         _, secret = admin.named_key([query], [connection])
         load = Load(master.base, f"/q/{query}", secret, threads=6, keep_bodies=True)
         with load:
-            time.sleep(1.0)                       # every worker's pool is warm: 8 sessions each at most
+            until_each_made([load], 60)           # every worker's pool is warm: 8 sessions each at most
             stopping = time.monotonic()
             private_services.pg.stop()
             private_services.pg.start()
             up = time.monotonic()
-            time.sleep(GRACE_S + 1.5)
+            until_each_made([load], 60, since=up + GRACE_S)
             # The first management call after the restart finds only dead pooled store
             # connections: it must not fail for that.
             version = admin.manage("POST", f"/queries/{query}/versions",
                                    {"connection_name": connection, "sql": "SELECT 1 AS v", "publish": True})
-            time.sleep(0.5)
+            until_each_made([load], 20, since=time.monotonic())
         calls = load.calls
     finally:
         admin.close()

@@ -66,7 +66,7 @@ def test_every_worker_serves_an_even_share_of_keepalive_connections(services, su
             load = Load(master.base, f"/q/{query}", secret, threads=CONNECTIONS)   # 32 new connections at once
             with load:
                 for _ in range(3):
-                    time.sleep(ROUND_S / 3)
+                    time.sleep(ROUND_S / 3)     # a sleep that is the test: the round's load is sampled over time
                     spreads.append(sorted(established_by_pid(master.worker_pids(), master.port).values()))
             calls = load.calls
             assert statuses(calls) == {(200, None): len(calls)}, statuses(calls)

@@ -26,7 +26,9 @@ def test_a_master_started_while_postgresql_is_down_serves_once_it_is_back(privat
         while len(master.worker_pids()) < 2:                      # the workers are booting
             assert master.proc.poll() is None and time.monotonic() < deadline, master.log_tail()
             time.sleep(0.05)
-        time.sleep(3.0)                                           # ... against a store that is away
+        # ... against a store that is away: a sleep that is the test (a worker that gave up on the
+        # store would fail to boot, and gunicorn stop the master, within it; nothing shows it waiting).
+        time.sleep(3.0)
         assert master.proc.poll() is None, f"the master stopped:\n{master.log_tail()}"
         private_services.pg.start()
         master.wait_ready(60)

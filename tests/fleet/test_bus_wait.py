@@ -12,6 +12,7 @@ import redis
 
 from fleet.shared import bus as bus_mod
 from fleet.shared.bus import ACKS, ALIVE, RedisBus
+from helpers.util import wait_until
 
 
 @pytest.fixture
@@ -46,7 +47,7 @@ def test_concurrent_calls_each_wait_for_their_own_generation(fleet_redis, monkey
             in_flight[0] += 1
             in_flight[1] = max(in_flight)
         try:
-            time.sleep(0.001)   # a slow Redis: room for a second poller, if there were one
+            time.sleep(0.001)   # a slow Redis (the test's): room for a second poller, if there were one
             return script(*args, **kwargs)
         finally:
             with count_lock:
@@ -60,16 +61,19 @@ def test_concurrent_calls_each_wait_for_their_own_generation(fleet_redis, monkey
     try:
         for t in threads:
             t.start()
-        time.sleep(0.3)
+
+        def polled_again(times: int = 3) -> None:
+            """Until the acknowledgements were read ``times`` more: what they say has been seen."""
+            seen = len(polls)
+            wait_until(lambda: len(polls) >= seen + times, 5, 0.005, f"{times} more polls")
+        polled_again()
         assert not done                                   # nobody acknowledged anything
         client.hset(ACKS, "w1", 12)
-        time.sleep(0.2)
+        polled_again()
         assert not done                                   # w2 still at 0
         client.hset(ACKS, "w2", 11)                       # covers 10 and 11, not 12 or 13
-        deadline = time.monotonic() + 5
-        while len(done) < 2 and time.monotonic() < deadline:
-            time.sleep(0.01)
-        time.sleep(0.2)
+        wait_until(lambda: len(done) >= 2, 5, 0.01, "the calls of 10 and 11")
+        polled_again()
         assert sorted(done) == [10, 11]
         client.hset(ACKS, "w2", 13)
         client.hset(ACKS, "w1", 13)

@@ -17,7 +17,7 @@ from fleet.shared import cache as fleet_cache
 from fleet.shared.cache import RedisCacheSync, RedisSharedTier
 from gateway.cache.entry import Entry, encode_rows, mac_key
 from gateway.cache.memory import MemoryCache
-from helpers.redis_topologies import TOPOLOGY_PORT, Cluster
+from helpers.redis_topologies import Cluster
 from helpers.util import wait_until
 
 pytestmark = pytest.mark.slow
@@ -29,8 +29,7 @@ SECRET = mac_key("cluster-test-secret")
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    # Ports of their own in the suite's range (tests/fleet/test_redis_cluster.py's cluster takes the base).
-    topology = Cluster(tmp_path_factory.mktemp("cache-cluster"), TOPOLOGY_PORT + 20).start()
+    topology = Cluster(tmp_path_factory.mktemp("cache-cluster")).start()
     yield topology
     topology.stop()
 

@@ -18,7 +18,7 @@ from fleet.shared.degraded import DegradedLog
 from gateway.errors import GatewayError
 from gateway.model.catalog import ApiKey
 from helpers.masters import Master
-from helpers.util import free_port
+from helpers.ports import free_port
 
 SLOW_S = 4.0   # long enough for every call of an attack to arrive while the first ones still run
 
@@ -105,7 +105,8 @@ def test_a_worker_that_stops_renewing_loses_its_places_within_the_lease(services
             except GatewayError:
                 assert time.monotonic() - stopped < 0.6 + 0.2 + 0.5, "places outlived their lease"
                 time.sleep(0.02)
-        # Renewed ones do not run out: the live worker's places hold past several leases.
+        # Renewed ones do not run out: the live worker's places hold past several leases (a
+        # sleep that is the test: leases must pass).
         time.sleep(1.5)
         with pytest.raises(GatewayError):
             alive.enter(key)
@@ -241,7 +242,7 @@ def test_worker_sigkill_frees_its_places_within_the_lease(services, http, demo_c
             time.sleep(0.02)
         reply = requests.get(f"{master.base}/q/{query}", params={"s": 0}, headers={"X-API-Key": secret}, timeout=30)
         assert reply.status_code == 429 and reply.json()["code"] == "too_many_concurrent"
-        # Renewed while they run: still held after two leases.
+        # Renewed while they run: still held after two leases (a sleep that is the test).
         time.sleep(2 * lease_s)
         assert running(services, client, ident) == 2
         [worker] = master.worker_pids()

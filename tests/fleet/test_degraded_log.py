@@ -23,8 +23,11 @@ from fleet.shared.leases import LeasedAdmission
 from gateway.errors import GatewayError
 from gateway.model.limits import Rate
 from gateway.settings import Settings
-from helpers.redis_topologies import TOPOLOGY_PORT
 from helpers.services import start_redis
+from helpers.util import wait_until
+
+# Its own Redis, stopped and started.
+pytestmark = pytest.mark.integration
 
 DOWN_S = 3.5
 SUMMARY_S = 1
@@ -32,7 +35,7 @@ SUMMARY_S = 1
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    rd = start_redis(tmp_path_factory.mktemp("degraded-redis"), TOPOLOGY_PORT + 30)
+    rd = start_redis(tmp_path_factory.mktemp("degraded-redis"))
     yield rd
     rd.stop()
 
@@ -57,22 +60,23 @@ def test_degraded_logs_once_per_state_change_plus_a_summary(server, caplog):
             with counts_lock:
                 admitted += ok
                 refused += not ok
-            time.sleep(0.001)
+            time.sleep(0.001)      # paced callers
 
     threads = [threading.Thread(target=call, daemon=True) for _ in range(4)]
     caplog.set_level(logging.INFO, logger="fleet.shared.leases")
     try:
         for t in threads:
             t.start()
-        time.sleep(0.5)
+        wait_until(lambda: admitted > 100, 10, 0.01, "calls admitted through Redis")
         server.stop()
         down = time.monotonic()
         with counts_lock:
             before_down = admitted
-        time.sleep(DOWN_S)
+        time.sleep(DOWN_S)      # a sleep that is the test: the outage whose summaries are counted
         server.start()
         up = time.monotonic()
-        time.sleep(2.0)
+        wait_until(lambda: any("answers again" in r.getMessage() for r in caplog.records), 10, 0.05, "the recovery line")
+        time.sleep(SUMMARY_S + 0.2)     # a sleep that is the test: a summary after the recovery would come by now
     finally:
         stop.set()
         for t in threads:

@@ -30,7 +30,6 @@ from fleet.ops.local.demo import (
 from fleet.ops.local.seed import update_login
 from gateway.ports import LocalSync
 from gateway.settings import Settings
-from helpers.services import PG_PORT
 from helpers.util import unique
 from loadtests.scenarios.provision import DEPOSIT_SQL, queries
 
@@ -38,6 +37,7 @@ PASSWORD = "reader-" + unique("pw")
 WRITER_PASSWORD = "writer-" + unique("pw")
 PASSWORDS = {READER: PASSWORD, WRITER: WRITER_PASSWORD}
 ROLES = [READER, WRITER]
+PORT_OF: dict[str, int] = {}   # demo database -> the port of its server (the session's PostgreSQL)
 
 
 @pytest.fixture(scope="module")
@@ -48,11 +48,12 @@ def demo_db(services, superuser):
     create_demo_data(services.pg.url(name))
     create_demo_reader(services.pg.url(name), PASSWORD)
     create_demo_writer(services.pg.url(name), WRITER_PASSWORD)
+    PORT_OF[name] = services.pg.port
     return name
 
 
 def reader_url(db: str, password: str = PASSWORD, role: str = READER) -> str:
-    return f"postgresql://{role}:{password}@127.0.0.1:{PG_PORT}/{db}"
+    return f"postgresql://{role}:{password}@127.0.0.1:{PORT_OF[db]}/{db}"
 
 
 def as_role(db: str, statement: str, role: str = READER, args=None):
@@ -413,12 +414,12 @@ def test_fleet_up_seeds_the_demo_connections_with_the_demo_roles(services, demo_
                         saved.setdefault("update", []).append((name, login["user"])))
     monkeypatch.setattr(cli, "seed", lambda api, login, key_file, writer=None:
                         saved.update(demo=login, writer=writer) or "secret")
-    settings = Settings(home=str(tmp_path), pg_port=PG_PORT, admin_key="a")
+    settings = Settings(home=str(tmp_path), pg_port=services.pg.port, admin_key="a")
     assert cli._seed_embedded(settings, "http://127.0.0.1:1", tmp_path) == "secret"
     assert saved["demo"]["user"] == READER and saved["writer"]["user"] == WRITER
     assert sorted(saved["update"]) == [("demo", READER), ("demo_writer", WRITER)]
     for login in (saved["demo"], saved["writer"]):
-        url = f"postgresql://{login['user']}:{login['password']}@127.0.0.1:{PG_PORT}/{demo_db}"
+        url = f"postgresql://{login['user']}:{login['password']}@127.0.0.1:{services.pg.port}/{demo_db}"
         with psycopg2.connect(url, connect_timeout=5) as conn, conn.cursor() as cur:
             cur.execute("SELECT rolsuper, rolcreaterole, rolcreatedb FROM pg_roles WHERE rolname = current_user")
             assert cur.fetchone() == (False, False, False)

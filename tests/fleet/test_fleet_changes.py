@@ -13,13 +13,14 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from helpers.api import Api
 from helpers.history import key_id, runs_by_worker
-from helpers.load import Load, statuses
+from helpers.load import Load, statuses, until_each_made
 from helpers.masters import Master
 from helpers.util import METRICS_AUTH, unique, wait_until
 
 pytestmark = pytest.mark.slow
 
 WORKERS = 4
+CALLS_BETWEEN = 10   # calls after each change returned, before the next: what must see it
 
 
 @pytest.fixture(scope="module")
@@ -48,7 +49,7 @@ def test_changes_under_load_are_exact_and_incremental(master, services, superuse
         load = Load(master.base, f"/q/{query}", secret, threads=8, close=True, keep_bodies=True)
         changes = []   # (started, returned, what every later call must see)
         with load:
-            time.sleep(0.5)
+            until_each_made([load], 20)
             for i in range(24):
                 started = time.monotonic()
                 step = i % 4
@@ -62,14 +63,13 @@ def test_changes_under_load_are_exact_and_incremental(master, services, superuse
                 elif step == 2:   # the callers' key: off, then on again
                     admin.ok("PATCH", f"/api-keys/{name}", {"active": False})
                     changes.append((started, time.monotonic(), ("off", None)))
-                    time.sleep(0.15)
+                    until_each_made([load], CALLS_BETWEEN, since=changes[-1][1])
                     started = time.monotonic()
                     admin.ok("PATCH", f"/api-keys/{name}", {"active": True})
                 else:             # the connection changes (its versions are rebound, not read again)
                     admin.ok("PATCH", f"/connections/{connection}", {"options": {"step": i}})
                 changes.append((started, time.monotonic(), expect))
-                time.sleep(0.15)
-            time.sleep(0.6)     # every worker serves (and flushes its metrics) after the last change
+                until_each_made([load], CALLS_BETWEEN, since=changes[-1][1])   # calls that must see it
         calls = load.calls
         assert not [c for c in calls if c.status == 0 or c.status >= 500], statuses(calls)
         checked = 0
@@ -89,7 +89,9 @@ def test_changes_under_load_are_exact_and_incremental(master, services, superuse
         assert len(by_worker) == WORKERS, by_worker
         # Each worker read the whole catalog once, when it started; every change since was applied
         # from the change log.
-        assert counter(master.base, "gateway_catalog_reloads_total") >= WORKERS * len(changes)
+        # (The metrics are flushed now and then: until they show every reload.)
+        wait_until(lambda: counter(master.base, "gateway_catalog_reloads_total") >= WORKERS * len(changes), 10, 0.1,
+                   lambda: f"{WORKERS * len(changes)} reloads: {counter(master.base, 'gateway_catalog_reloads_total')}")
         assert counter(master.base, "gateway_catalog_full_loads_total") == WORKERS
     finally:
         admin.close()

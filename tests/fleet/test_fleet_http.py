@@ -8,7 +8,7 @@ import pytest
 import requests
 
 from helpers.history import wait_for_history
-from helpers.util import ADMIN_KEY
+from helpers.util import ADMIN_KEY, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -101,13 +101,16 @@ def test_revocation_across_workers(gunicorn, http, http_endpoint):
     threads = [threading.Thread(target=caller, args=(i % 2 == 0,)) for i in range(6)]
     for thread in threads:
         thread.start()
+    def made(since: float, status: int | None = None) -> int:
+        with lock:
+            return sum(1 for c in calls if c[0] > since and (status is None or c[2] == status))
     try:
-        time.sleep(0.6)
+        wait_until(lambda: made(0, 200) > 30, 30, 0.02, lambda: f"30 calls answered before the delete: {made(0, 200)}")
         deleted = requests.delete(f"{gunicorn.base}/api/v1/api-keys/{ep.key}",
                                   headers={"X-API-Key": ADMIN_KEY}, timeout=10)
         returned = time.monotonic()
         assert deleted.status_code == 204, deleted.text
-        time.sleep(0.6)
+        wait_until(lambda: made(returned) > 30, 30, 0.02, lambda: f"30 calls after the delete: {made(returned)}")
     finally:
         stop.set()
         for thread in threads:

@@ -19,7 +19,7 @@ import requests
 from fleet.shared.rates import rate_bucket
 from helpers.api import Api
 from helpers.history import key_id
-from helpers.load import Load, statuses
+from helpers.load import Load, statuses, until_each_made
 from helpers.masters import ALIVE, HOSTNAME, Master
 from helpers.util import wait_until
 
@@ -79,21 +79,25 @@ def test_redis_restart_under_load(private_services, tmp_path_factory, failure_mo
         load = Load(master.base, f"/q/{query}", secret, threads=6, keep_bodies=True)
         free_load = Load(master.base, f"/q/{query}", free_secret, threads=1, pause_s=0.01, keep_bodies=True)
         with load, free_load:
-            time.sleep(0.8)
+            until_each_made([load, free_load], 25)
             stopping = time.monotonic()
             private_services.redis.stop()
             down = time.monotonic()
-            time.sleep(1.5)
+            # The outage lasts until it has the calls counted below: past the leases taken before,
+            # more than the headroom admits ("closed" refuses the rest).
+            until_each_made([load], 2 * HEADROOM_BURST, since=down + LEASE_MS / 1000)
+            until_each_made([free_load], 10, since=down)
             restarting = time.monotonic()
             private_services.redis.start()
             up = time.monotonic()
             recovery = recovered(private_services, master, bucket)
-            time.sleep(max(0.0, up + SHARED_AGAIN_S + 0.5 - time.monotonic()))
+            # Calls of the "shared again" phase: begun SHARED_AGAIN_S (the documented bound) after Redis was up.
+            until_each_made([load], 25, since=up + SHARED_AGAIN_S)
             # A change made now reaches every worker before the call returns.
             changed = time.monotonic()
             admin.ok("POST", f"/queries/{query}/publish", {"version": 2})
             returned = time.monotonic()
-            time.sleep(0.8)
+            until_each_made([load, free_load], 25, since=returned)
         calls, free_calls = load.calls, free_load.calls
     finally:
         admin.close()

@@ -17,6 +17,8 @@ import requests
 from helpers import raw
 from helpers.api import Api
 from helpers.masters import Master
+from helpers.procs import established_by_pid, ran_for
+from helpers.util import wait_until
 
 HEAD_TIMEOUT_S = 1.5
 PER_CLIENT = 24
@@ -42,9 +44,34 @@ def api(master, services):
 
 
 def closed_by_front(master: Master, reason: str) -> float:
-    time.sleep(0.3)      # written with the history's flush
     text = requests.get(master.base + "/metrics", headers={"Authorization": "Bearer front-metrics"}, timeout=10).text
     return sum(float(v) for v in re.findall(rf'^gateway_front_closed_total{{reason="{reason}"}} (\S+)$', text, re.M))
+
+
+def wait_closed_by_front(master: Master, reason: str, before: float, count: int) -> None:
+    """Until the front has counted ``count`` more closes for ``reason`` (the counts are written
+    with the history's flush)."""
+    wait_until(lambda: closed_by_front(master, reason) - before >= count, 10, 0.05,
+               lambda: f"{count} closes for {reason}: {closed_by_front(master, reason) - before}")
+
+
+def held_by_workers(master: Master) -> int:
+    """The connections the master's workers hold now (accepted by the front)."""
+    return sum(established_by_pid(master.worker_pids(), master.port).values())
+
+
+def closed_count(socks: list[socket.socket]) -> int:
+    """How many of ``socks`` the server has closed (nothing is ever sent on the others)."""
+    closed = 0
+    for sock in socks:
+        sock.settimeout(0.01)
+        try:
+            closed += sock.recv(1) == b""
+        except TimeoutError:
+            pass
+        except ConnectionResetError:
+            closed += 1
+    return closed
 
 
 def connect(master: Master, source: str = "127.0.0.1") -> socket.socket:
@@ -71,6 +98,7 @@ SLOW_KINDS = [
 def test_slow_clients_hold_no_thread_and_are_closed_at_their_deadline(master, api):
     ep = api.endpoint("SELECT 1 AS one")
     before = closed_by_front(master, "timeout")
+    held_before = held_by_workers(master)
     # 60 slow connections from several addresses (each under the per-client cap): today 16 such
     # connections held every thread of the 2 x 8, and /health hung for as long as they were held.
     slow = []
@@ -80,7 +108,8 @@ def test_slow_clients_hold_no_thread_and_are_closed_at_their_deadline(master, ap
         slow.append(sock)
     trickler = connect(master, "127.0.0.20")
     try:
-        time.sleep(0.3)
+        wait_until(lambda: held_by_workers(master) - held_before >= 61, 10, 0.02,
+                   lambda: f"61 slow connections accepted: {held_by_workers(master) - held_before}")
         timings = []
         for n in range(10):
             timings.append(timed_get(master.base + "/health"))
@@ -97,7 +126,7 @@ def test_slow_clients_hold_no_thread_and_are_closed_at_their_deadline(master, ap
     finally:
         for sock in [*slow, trickler]:
             sock.close()
-    assert closed_by_front(master, "timeout") - before >= 61
+    wait_closed_by_front(master, "timeout", before, 61)
 
 
 @pytest.mark.parametrize("route, keyed", [("/q/{query}", False), ("/execute_sql", False), ("/execute_sql", True)])
@@ -124,22 +153,12 @@ def test_one_address_cannot_hold_more_than_its_share(master):
     try:
         for sock in held:
             sock.sendall(b"GET /health HTTP/1.1\r\n")
-        time.sleep(0.5)
-        refused = 0
-        for sock in held:
-            sock.settimeout(0.05)
-            try:
-                refused += sock.recv(1) == b""
-            except TimeoutError:
-                pass
-            except ConnectionResetError:
-                refused += 1
-        assert refused >= 2 * 4, refused
+        wait_until(lambda: closed_count(held) >= 2 * 4, 10, 0.05, lambda: f"8 closed: {closed_count(held)}")
         assert timed_get(master.base + "/health") < 1.0         # another address is served meanwhile
     finally:
         for sock in held:
             sock.close()
-    assert closed_by_front(master, "per_client") - before >= 8
+    wait_closed_by_front(master, "per_client", before, 8)
 
 
 def test_a_body_sent_after_100_continue_and_pipelined_requests_are_served(master, api):
@@ -172,7 +191,7 @@ def test_a_chunked_body_arriving_in_pieces_is_served(master, api):
         for at in range(0, len(body), 10):
             piece = body[at:at + 10]
             sock.sendall(b"%x\r\n%s\r\n" % (len(piece), piece))
-            time.sleep(0.02)
+            time.sleep(0.02)      # a sleep that is the test: the pieces arrive apart
         sock.sendall(b"0\r\n\r\n")
         answer = answer_of(sock)
     finally:
@@ -202,16 +221,18 @@ def test_two_thousand_idle_and_slow_connections_leave_health_and_lookups_served(
             sock.close()
 
 
-def test_health_and_ready_answer_while_every_thread_waits_on_the_database(master, api):
+def test_health_and_ready_answer_while_every_thread_waits_on_the_database(master, api, superuser):
     """A slow database holds every request thread: /health and /ready (once its watcher runs)
     are answered on the loop, not behind them. Two connections, each with its bulkhead's share
     (6 of a worker's 8 threads), so that together they can hold all 16 threads."""
     slow = [api.endpoint("SELECT pg_sleep(5) IS NULL AS slept") for _ in range(2)]
-    time.sleep(1.5)                                                  # each worker's watcher has looked
+    # Each worker's watcher has looked (it starts with the worker's loop, looking once a second).
+    wait_until(lambda: all(ran_for(pid) > 1.5 for pid in master.worker_pids()), 10, 0.1, "workers up 1.5 s")
     with ThreadPoolExecutor(24) as pool:
         calls = [pool.submit(requests.get, f"{master.base}/q/{ep.query}", headers={"X-API-Key": ep.secret},
                              timeout=30) for ep in slow for _ in range(12)]
-        time.sleep(1.0)
+        wait_until(lambda: superuser("SELECT count(*) FROM pg_stat_activity WHERE wait_event = 'PgSleep'",
+                                     db="demo")[0][0] >= 16, 10, 0.05, "16 calls in the database")
         running = sum(not call.done() for call in calls)
         assert running >= 16, [c.result().status_code for c in calls if c.done()]    # every thread held
         # Behind the threads each would wait about 4 s, until the first calls end.
@@ -256,15 +277,14 @@ def test_at_the_cap_the_connection_read_the_longest_makes_room(capped):
             sock = connect(capped, f"127.0.1.{10 + n}")
             sock.sendall(b"GET /health HTTP/1.1\r\n")
             held.append(sock)
-            time.sleep(0.01)
-        time.sleep(0.3)
-        assert _still_open(held) <= 30
+            time.sleep(0.01)      # one after the other: which is the oldest is the test's
+        wait_until(lambda: _still_open(held) <= 30, 10, 0.05, lambda: f"at most 30 open: {_still_open(held)}")
         assert _still_open(held[:20]) == 0                           # the oldest went first
         assert timed_get(capped.base + "/health") < 1.0
     finally:
         for sock in held:
             sock.close()
-    assert closed_by_front(capped, "evicted") - before >= 30
+    wait_closed_by_front(capped, "evicted", before, 30)
 
 
 def test_a_proxy_is_not_held_to_the_per_address_share(capped):
@@ -275,7 +295,7 @@ def test_a_proxy_is_not_held_to_the_per_address_share(capped):
     try:
         for sock in proxy + other:
             sock.sendall(b"GET /health HTTP/1.1\r\n")
-        time.sleep(0.3)
+        wait_until(lambda: _still_open(other) <= 8, 10, 0.05, lambda: f"8 of the other's open: {_still_open(other)}")
         assert _still_open(proxy) == 20
         assert _still_open(other) == 8
     finally:

@@ -55,7 +55,7 @@ def test_sigterm_under_load_every_answer_is_in_the_history(master_factory, endpo
         master.proc.send_signal(signal.SIGTERM)
         master.proc.wait(GRACEFUL_TIMEOUT_S + 10)
         stopped_after = time.monotonic() - signalled
-        time.sleep(0.3)   # the clients now meet a closed port
+        callers.wait_for(8, status=0)   # the clients now meet a closed port
     answers = callers.answers
     assert master.proc.returncode == 0, master.log_tail()
     assert all(wait_gone(pid, 10) for pid in workers)
@@ -208,7 +208,8 @@ def test_workers_of_a_killed_master_release_the_port_at_once(master_factory, end
 CLIENTS_KEEPALIVE = 32
 CLIENTS_FRESH = 2          # a new connection a call: the accept queue is never empty
 RECYCLE_AFTER = 3000       # max_requests: the first recycling a few seconds into the run
-EVENT_WINDOW_S = 1.5
+EVENT_WINDOW_S = 1.5       # the latency printed around each event
+SETTLE_CALLS = 150         # calls of each load between two events: each meets a running load
 
 
 def _latency_ms(calls, start: float, end: float) -> dict:
@@ -228,7 +229,7 @@ def test_reload_recycling_kill_and_stop_under_load_fail_no_request(services, tmp
     (p99, max): asserting 100 ms on this shared 2-core box would fail on its own noise."""
     from fleet.server.worker import SLACK
     from helpers.api import Api
-    from helpers.load import Load
+    from helpers.load import Load, until_each_made
     from helpers.masters import Master
     from helpers.procs import established_by_pid
     from helpers.util import wait_until
@@ -256,12 +257,13 @@ def test_reload_recycling_kill_and_stop_under_load_fail_no_request(services, tmp
         keepalive.start()
         fresh.start()
 
-        def settle(seconds: float) -> None:
-            end = time.monotonic() + seconds
-            while time.monotonic() < end:
-                seen.update(master.worker_pids())
-                time.sleep(0.05)
-        settle(EVENT_WINDOW_S)
+        def settle() -> None:
+            """Until both loads made SETTLE_CALLS more calls: each event meets a running load."""
+            since = time.monotonic()
+            wait_until(lambda: seen.update(master.worker_pids()) or
+                       all(load.made_since(since) >= SETTLE_CALLS for load in (keepalive, fresh)), 30, 0.05,
+                       lambda: f"{SETTLE_CALLS} calls from each load: {[keepalive.made_since(since), fresh.made_since(since)]}")
+        settle()
         events["steady"] = time.monotonic() - EVENT_WINDOW_S
         # Even (a look can fall on a recycling, when one worker briefly holds them all).
         looks: list = []
@@ -276,14 +278,14 @@ def test_reload_recycling_kill_and_stop_under_load_fail_no_request(services, tmp
         first = set(master.worker_pids())
         wait_until(lambda: set(master.worker_pids()) - first, 30, 0.02, "a worker recycled")
         events["recycle"] = time.monotonic() - 2.5    # it left up to the keep-alive linger (2 s) before
-        settle(EVENT_WINDOW_S)
+        settle()
 
         old = set(master.worker_pids())
         events["sighup"] = time.monotonic()
         master.proc.send_signal(signal.SIGHUP)
         wait_until(lambda: not set(master.worker_pids()) & old and len(master.worker_pids()) == 2, 30, 0.05,
                    "the reload")
-        settle(EVENT_WINDOW_S)
+        settle()
 
         while True:          # a worker that recycles meanwhile is gone before it could be killed
             # Both serving (not one booting after a recycle): the survivor carries the load.
@@ -301,13 +303,13 @@ def test_reload_recycling_kill_and_stop_under_load_fail_no_request(services, tmp
         # The survivor took the victim's clients; once the replacement serves, it sheds half.
         rebalanced = wait_until(lambda: (lambda s: s if even(s) else None)(spread()), 30, 0.05,
                                 "the connections spread over the replacement")
-        settle(EVENT_WINDOW_S)
+        settle()
 
         events["sigterm"] = time.monotonic()
         master.proc.send_signal(signal.SIGTERM)
         master.proc.wait(GRACEFUL_TIMEOUT_S + 10)
         stopped = time.monotonic()
-        time.sleep(0.3)
+        until_each_made([keepalive, fresh], CLIENTS_FRESH, since=stopped)   # the clients meet the closed port
         keepalive.stop()
         fresh.stop()
     finally:
@@ -355,7 +357,7 @@ def test_one_socket_per_worker_reload_and_recycling_fail_no_request(services, tm
     4 opening a connection a call (the accept queues are never empty) through a worker recycling
     (max_requests) and a SIGHUP reload: every call answered, every body checked."""
     from helpers.api import Api
-    from helpers.load import Load
+    from helpers.load import Load, until_each_made
     from helpers.masters import Master
     from helpers.util import wait_until
 
@@ -375,13 +377,13 @@ def test_one_socket_per_worker_reload_and_recycling_fail_no_request(services, tm
         first = set(master.worker_pids())
         wait_until(lambda: seen.update(master.worker_pids()) or set(master.worker_pids()) - first, 60, 0.02,
                    "a worker recycled")
-        time.sleep(EVENT_WINDOW_S)
+        until_each_made([keepalive, fresh], SETTLE_CALLS, since=time.monotonic())
         old = set(master.worker_pids())
         master.proc.send_signal(signal.SIGHUP)
         wait_until(lambda: seen.update(master.worker_pids()) or (not set(master.worker_pids()) & old
                                                                    and len(master.worker_pids()) == 2),
                    30, 0.05, "the reload")
-        time.sleep(EVENT_WINDOW_S)
+        until_each_made([keepalive, fresh], SETTLE_CALLS, since=time.monotonic())
         keepalive.stop()
         fresh.stop()
     finally:

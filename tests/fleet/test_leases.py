@@ -16,7 +16,7 @@ from fleet.shared.leases import LeasedAdmission
 from gateway.errors import GatewayError
 from gateway.model.limits import quota_window
 from helpers.admission import FakeClock, a_key, hammer, most_inside, quota_bucket, settings
-from helpers.util import free_port
+from helpers.ports import free_port
 
 
 def test_rate_bound_holds_in_sliding_windows(redis_url):

@@ -10,7 +10,7 @@ import pytest
 import requests
 
 from helpers.masters import Master
-from helpers.util import unique
+from helpers.util import unique, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -35,12 +35,15 @@ def test_the_port_refuses_until_a_worker_serves(services, tmp_path_factory, reus
         while not master.worker_pids():
             assert master.proc.poll() is None and time.monotonic() < deadline, master.log_tail()
             time.sleep(0.01)
-        time.sleep(1.0)      # the workers are up, waiting for the store
+        # The workers are up, waiting for the store: a worker has met the role that may not log in.
+        refused_login = f'role "{role}" is not permitted to log in'
+        wait_until(lambda: refused_login in services.pg.log_file.read_text(errors="replace"), 30, 0.05,
+                   "a worker waiting for its store")
         for _ in range(10):
             with socket.socket() as probe, pytest.raises(ConnectionRefusedError):
                 probe.settimeout(2)
                 probe.connect(("127.0.0.1", master.port))
-            time.sleep(0.05)
+            time.sleep(0.05)      # probes spread over the wait: the port refuses all along
         services.sql(f"ALTER ROLE {role} LOGIN")
         master.wait_ready(60)
         # Once it listens, it serves at once.

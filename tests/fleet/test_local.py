@@ -13,9 +13,14 @@ import redis
 
 from fleet.ops.local import LocalPostgres, LocalRedis, ensure_embedded, stop_embedded
 from gateway.settings import Settings
-from helpers.services import LOCAL_PG_PORT, LOCAL_REDIS_PORT, start_postgres, start_redis
+from helpers.services import port_for, start_postgres, start_redis
 
-PG_PORT, REDIS_PORT = LOCAL_PG_PORT, LOCAL_REDIS_PORT   # the embedded default's own servers
+# Its own PostgreSQL and Redis (the embedded default), started in its fixtures and by ensure_embedded.
+pytestmark = pytest.mark.integration
+
+# The embedded default's own servers: free ports, taken when the module is collected (its tests
+# pass them to Settings and to processes of their own).
+PG_PORT, REDIS_PORT = port_for("local_pg"), port_for("local_redis")
 
 
 @pytest.fixture(scope="module")

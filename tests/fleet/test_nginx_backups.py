@@ -20,10 +20,11 @@ import requests
 
 from fleet.ops import cli
 from gateway.settings import Settings
-from helpers.util import free_port
+from helpers.ports import free_port
 
-pytestmark = pytest.mark.skipif(shutil.which("nginx") is None and not os.path.exists("/usr/sbin/nginx"),
-                                reason="no nginx")
+pytestmark = [pytest.mark.fleet,    # nginx in front of two instances
+              pytest.mark.skipif(shutil.which("nginx") is None and not os.path.exists("/usr/sbin/nginx"),
+                                 reason="no nginx")]
 
 
 class Instance:

@@ -30,7 +30,7 @@ import requests
 
 from helpers.api import Api
 from helpers.fleetup import started
-from helpers.load import Load, statuses
+from helpers.load import Load, statuses, until_each_made
 from helpers.procs import child_pids, established_by_pid, running
 
 CLIENTS = 16
@@ -144,8 +144,8 @@ def test_a_master_killed_behind_nginx_its_orphans_leave_at_once(fleet, admin):
     burst = Load(fleet.base, f"/q/{query}", secret, threads=BURST, keep_bodies=True)
     with load:
         with burst:
-            time.sleep(1.5)
-        time.sleep(0.5)
+            until_each_made([load, burst], 200)
+        until_each_made([load], 30, since=time.monotonic())   # the burst's upstream connections idle in nginx
         held_before = established_by_pid(orphans, port)     # nginx's (and the clients') connections
         idle_pool = idle_connections(port, IDLE_POOL)
         load_average = os.getloadavg()[0]
@@ -162,7 +162,7 @@ def test_a_master_killed_behind_nginx_its_orphans_leave_at_once(fleet, admin):
                 break
             time.sleep(0.05)
         rebound = time.monotonic() - killed
-        time.sleep(1.0)
+        until_each_made([load], 50, since=time.monotonic())   # through both instances again
     for sock in idle_pool:
         sock.close()
     calls = load.calls + burst.calls

@@ -181,7 +181,9 @@ def test_a_hand_back_answered_late_is_not_handed_back_twice(relay, services, rdb
         admission.flush()
         # The hand-back ran on Redis, though its reply is still held.
         wait_until(lambda: counter(rdb, key) <= admitted, 5, 0.01, "the hand-back to reach Redis")
-        time.sleep(TIMEOUT_MS / 1000 + 0.05)         # the background flusher's try timed out too
+        # A sleep that is the test: the background flusher's try, its reply held, times out too
+        # (TIMEOUT_MS): nothing outside the admission shows when it gave up.
+        time.sleep(TIMEOUT_MS / 1000 + 0.05)
         relay.reply_delay_s = 0.0
         clock.now += DOWN_S + 0.05
         admission.flush()                            # the next flush: nothing is left to hand back
@@ -330,10 +332,10 @@ def test_a_quota_never_over_admits_under_cpu_load_and_slow_redis(master, admin, 
                                            quota={"calls": TRIAL_CALLS, "per": "day"})
             pause_at, pause_s = rng.uniform(0.0, TRIAL_S - 0.05), rng.uniform(0.5, 2.0) * FLEET_TIMEOUT_MS / 1000
             clients.begin(secret, TRIAL_S)
-            time.sleep(pause_at)
+            time.sleep(pause_at)          # sleeps that are the test: Redis paused at a random moment ...
             os.kill(pid, signal.SIGSTOP)
             try:
-                time.sleep(pause_s)
+                time.sleep(pause_s)       # ... for about the fleet's Redis timeout
             finally:
                 os.kill(pid, signal.SIGCONT)
             trials.append((name, clients.end()))
@@ -388,11 +390,15 @@ def test_a_quota_never_over_admits_while_redis_is_stalled(master, admin, query, 
                 answer = (0, type(exc).__name__)
             with lock:
                 answers.append((time.monotonic(), answer))
-            time.sleep(0.02)
+            time.sleep(0.02)      # paced clients: the load's shape, not a wait
 
     def admitted() -> int:
         with lock:
             return sum(1 for _, a in answers if a == (200, None))
+
+    def spent_since(since: float) -> int:
+        with lock:
+            return sum(1 for at, a in answers if at > since and a == (429, "quota_exceeded"))
 
     pid = redis_pid(private_services)
     threads = [threading.Thread(target=hammer, daemon=True) for _ in range(16)]
@@ -404,12 +410,15 @@ def test_a_quota_never_over_admits_while_redis_is_stalled(master, admin, query, 
         stopped = time.monotonic()
         os.kill(pid, signal.SIGSTOP)
         try:
-            time.sleep(5.0)
+            time.sleep(5.0)       # a sleep that is the test: the stall
         finally:
             os.kill(pid, signal.SIGCONT)
         resumed = time.monotonic()
         during = admitted() - before
-        time.sleep(3.0)
+        # Hammered on until the quota is spent and refused many times over: what was admitted
+        # past it would show by then.
+        wait_until(lambda: spent_since(resumed) >= 200, 30, 0.05,
+                   lambda: f"the quota spent: {admitted()} admitted, {spent_since(resumed)} refused since")
     finally:
         stop.set()
         for thread in threads:

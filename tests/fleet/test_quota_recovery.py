@@ -134,6 +134,8 @@ def test_a_loss_between_calls_loses_no_quota(master, admin, connection):
     sql = admin.services.sql
     wait_stored(sql, calls_key, len(ok(before)))
     wait_stored(sql, rows_key, len(ok(rows_before)))
+    # Waits out the product's local-fallback window (FALLBACK_S), which nothing outside a worker
+    # shows ending, and SETTLE_S more for a loaded machine: the callers below must meet Redis.
     time.sleep(FALLBACK_S + SETTLE_S)
     after = until_refused(master.base, f"/q/{one}", calls_secret)
     # Rows callers paced (about 200 calls/s), so the settling lag is far below the 2000 rows

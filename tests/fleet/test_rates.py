@@ -19,7 +19,7 @@ from fleet.shared.leases import LeasedAdmission
 from fleet.shared.rates import parse_bucket, rate_bucket
 from gateway.errors import GatewayError
 from helpers.admission import FakeClock, a_key, hammer, most_inside, settings
-from helpers.util import free_port
+from helpers.ports import free_port
 
 
 def level(rdb, key) -> float | None:
@@ -129,7 +129,7 @@ def test_a_low_bucket_is_shared_then_local_again(redis_url, rdb):
         with pytest.raises(GatewayError):       # the next report finds 0: shared, and empty
             admission.admit_key(key)
         assert not bucket.local
-        time.sleep(1.1)                         # Redis time: the bucket refills
+        time.sleep(1.1)                         # a sleep that is the test: Redis's clock refills the bucket
         clock.now += 1.1
         admission.admit_key(key)                # the lease expired: the answer says local again
         assert bucket.local
@@ -229,6 +229,7 @@ def test_handed_back_leftovers_stay_within_the_documented_bound(redis_url):
         for admission, clock in zip(idle, clocks, strict=True):
             clock.now = time.monotonic()
             admission.admit_key(key)              # takes 256, 192, 144 tokens, spends 1 each
+        # Sleeps that are the test: Redis's own clock (TIME) refills the bucket, a fake one cannot.
         time.sleep(max(0.0, taken_at + 0.62 - time.monotonic()))   # the bucket is full again (592 ms)
         drainer = threading.Thread(target=drain)
         drainer.start()
@@ -236,7 +237,7 @@ def test_handed_back_leftovers_stay_within_the_documented_bound(redis_url):
         for admission, clock in zip(idle, clocks, strict=True):
             clock.now = time.monotonic()          # the flusher's tick, 1.8L after the take
             admission.flush()
-        time.sleep(1.1)
+        time.sleep(1.1)      # the drainer's window, measured below
         stop.set()
         drainer.join()
     finally:

@@ -173,7 +173,9 @@ def test_quota_rebuilt_when_the_promoted_replica_lagged(cluster, masters, admin)
     finally:
         client.close()
     assert lost, "the promoted replica held the bucket: the lag was not tested"
-    time.sleep(0.5)   # every worker's 250 ms local window after the failure is over
+    # Waits out a window of the product's (fleet.shared.leases: 250 ms on the local fallback after a Redis
+    # error) that nothing outside a worker shows ending: the calls below must meet Redis.
+    time.sleep(0.5)
     load = Load([m.base for m in masters.values()], f"/q/{query}", secret, threads=4, close=True,
                 until_refused=("quota_exceeded", 1.0))
     load.start()

@@ -15,7 +15,6 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 import requests
@@ -25,7 +24,8 @@ from helpers.api import Api
 from helpers.fleetup import started
 from helpers.history import key_id, runs_by_worker
 from helpers.load import Load, statuses, until_each_made
-from helpers.procs import child_pids, running, wait_gone
+from helpers.procs import child_pids, ran_for, running, wait_gone
+from helpers.util import wait_until
 
 # Measured 3.3-4.1 s on a quiet machine, 5.4-11.2 s at a load average of 17-40 on 2 cores,
 # 15.5 s once at 74 (the new master's workers load the application on busy cores).
@@ -86,7 +86,7 @@ def test_a_killed_master_comes_back_and_no_call_fails(fleet, admin, superuser, w
     workers = child_pids(victim)
     load = Load(fleet.base, f"/q/{query}", secret, threads=CLIENTS, keep_bodies=True)
     with load:
-        time.sleep(1.0)
+        until_each_made([load], 50)             # the load runs through both instances
         killed = time.monotonic()
         if what == "master":
             os.kill(victim, signal.SIGKILL)     # its workers are told and stop (PR_SET_PDEATHSIG)
@@ -99,7 +99,7 @@ def test_a_killed_master_comes_back_and_no_call_fails(fleet, admin, superuser, w
         back = back_after(fleet, victim, killed)
         kid = key_id(superuser, name)
         serving = serving_after(fleet, superuser, kid, killed)   # nginx took it back (fail_timeout 1 s)
-        time.sleep(0.5)
+        until_each_made([load], 50, since=time.monotonic())     # and goes on with both instances
     calls = load.calls
     slowest = max(c.ended - c.started for c in calls)
     print(f"{what} SIGKILL: workers gone after {workers_gone:.2f}s, back after {back:.2f}s, "
@@ -112,13 +112,10 @@ def test_a_killed_master_comes_back_and_no_call_fails(fleet, admin, superuser, w
     assert statuses(calls) == {(200, None): len(calls)}, statuses(calls)
     assert all(c.body == [{"v": 7}] for c in calls)
     # The history has every answered call.
-    deadline = time.monotonic() + 10
-    while True:
-        runs = runs_by_worker(superuser, kid)
-        stored = sum(s.get(200, 0) for s in runs.values())
-        if stored >= len(calls) or time.monotonic() > deadline:
-            break
-        time.sleep(0.2)
+    def stored_runs() -> int:
+        return sum(s.get(200, 0) for s in runs_by_worker(superuser, kid).values())
+    wait_until(lambda: stored_runs() >= len(calls), 10, 0.2, lambda: f"{len(calls)} runs stored: {stored_runs()}")
+    stored = stored_runs()
     # A run recorded by a worker killed before it answered (nginx then sent the call to the
     # other instance) is stored without an answer: at most one per client.
     print(f"history: {stored} runs for {len(calls)} answered calls")
@@ -137,11 +134,11 @@ def test_a_rolling_restart_of_the_masters_fails_no_call(fleet, admin, superuser)
     before = fleet.masters()
     load = Load(fleet.base, f"/q/{query}", secret, threads=CLIENTS, keep_bodies=True)
     with load:
-        time.sleep(1.0)
+        until_each_made([load], 50)
         started_at = time.monotonic()
         done = fleet.run("restart")
         took = time.monotonic() - started_at
-        time.sleep(0.5)
+        until_each_made([load], 50, since=time.monotonic())     # calls to the new masters
     calls = load.calls
     after = fleet.masters()
     slowest = max(c.ended - c.started for c in calls)
@@ -153,23 +150,14 @@ def test_a_rolling_restart_of_the_masters_fails_no_call(fleet, admin, superuser)
     assert statuses(calls) == {(200, None): len(calls)}, statuses(calls)
     assert all(c.body == [{"v": 8}] for c in calls)
     kid = key_id(superuser, name)
-    deadline = time.monotonic() + 10
-    while sum(s.get(200, 0) for s in runs_by_worker(superuser, kid).values()) < len(calls):
-        assert time.monotonic() < deadline, "answered calls missing from the run history"
-        time.sleep(0.2)
+    wait_until(lambda: sum(s.get(200, 0) for s in runs_by_worker(superuser, kid).values()) >= len(calls), 10, 0.2,
+               "every answered call in the run history")
 
 
 # Calls failed over at most 0.19 s, nginx back after 0.04-0.20 s (load average 11-20;
 # docs/failures.md): the supervisor's poll (0.1 s), nginx's start, and its bind
 # once the old workers have let the port go.
 NGINX_OUTAGE_S = 2.0
-
-
-def ran_for(pid: int) -> float:
-    """Seconds since ``pid`` started (/proc)."""
-    start_ticks = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
-    uptime = float(Path("/proc/uptime").read_text().split()[0])
-    return uptime - start_ticks / os.sysconf("SC_CLK_TCK")
 
 
 def nginx_back_after(fleet, victim: int, killed: float, timeout_s: float = 15) -> int:
@@ -200,11 +188,11 @@ def test_a_killed_nginx_comes_back(fleet, admin, what):
     assert victim and running(victim)
     # One that dies within STABLE_S of its start is started again after a backoff (tested
     # above): this test measures the restart of one that ran (the previous case restarted it).
-    time.sleep(max(0.0, sup.STABLE_S + 0.5 - ran_for(victim)))
+    wait_until(lambda: ran_for(victim) > sup.STABLE_S + 0.5, sup.STABLE_S + 5, 0.1, "nginx to have run STABLE_S")
     old = [victim, *child_pids(victim)]
     load = Load(fleet.base, f"/q/{query}", secret, threads=16, keep_bodies=True)
     with load:
-        time.sleep(1.0)
+        until_each_made([load], 50)
         killed = time.monotonic()
         if what == "nginx-master":
             os.kill(victim, signal.SIGKILL)       # its workers keep serving, and keep the port
@@ -214,7 +202,6 @@ def test_a_killed_nginx_comes_back(fleet, admin, what):
         back = time.monotonic() - killed
         assert all(wait_gone(pid, 10) for pid in old), "the old nginx's workers kept running"
         old_gone = time.monotonic() - killed
-        time.sleep(1.0)
         until_each_made([load], 101, since=killed + back)    # served after nginx came back (30 s at most)
     calls = load.calls
     failed = [c for c in calls if c.status != 200]

@@ -32,7 +32,7 @@ def test_a_busy_loop_beats_once_a_second():
     for _ in range(10_000):
         w.notify()
     assert tmp.beats == 1
-    time.sleep(NOTIFY_EVERY_S + 0.05)
+    time.sleep(NOTIFY_EVERY_S + 0.05)     # a sleep that is the test: a beat's interval passes
     w.notify()
     w.notify()
     assert tmp.beats == 2
@@ -43,5 +43,5 @@ def test_a_short_timeout_beats_within_a_quarter_of_it():
     started = time.monotonic()
     while time.monotonic() - started < 0.45:
         w.notify()
-        time.sleep(0.001)
+        time.sleep(0.001)      # a busy loop's pace
     assert 2 <= tmp.beats <= 5, tmp.beats

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers.util import free_port
+from helpers.ports import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 APP = '''
@@ -56,6 +56,7 @@ def gone(pid: int) -> bool:
         return True
 
 
+@pytest.mark.integration     # a gunicorn master of its own
 def test_a_sigterm_taken_by_a_pool_thread_stops_the_worker_at_once(tmp_path):
     if not sys.platform.startswith("linux") or os.uname().machine != "x86_64":
         pytest.skip("tgkill's system call number is x86_64's")

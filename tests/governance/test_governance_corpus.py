@@ -21,7 +21,7 @@ return the same rows;
 * ``dberror:<sqlstate>``: PostgreSQL rejects the bound value itself;
 * ``ok``: it passes analysis and planning and runs.
 
-The server is this module's own (port 25469, ``GATEWAY_TEST_CORPUS_PG_PORT``, a temporary home),
+The server is this module's own (a free port, ``GATEWAY_TEST_CORPUS_PG_PORT`` fixes one; a temporary home),
 stopped at the end: the hostile SQL runs there as the superuser, apart from the session's servers.
 """
 from __future__ import annotations
@@ -41,8 +41,11 @@ from gateway.errors import GatewayError
 from gateway.governance import Analysis, Grants, analyze, load_schema, plan
 from gateway.governance.grants import compile_masks
 from gateway.sql import Template, read, read_positional
-from helpers.services import CORPUS_PG_PORT, start_postgres
+from helpers.services import port_for, start_postgres
 from helpers.util import ROOT
+
+# Its own PostgreSQL (the hostile SQL runs there).
+pytestmark = pytest.mark.integration
 
 CORPUS = ROOT / "tests" / "corpus" / "hostile.jsonl"
 HASH_KEY = b"test-mask-key"
@@ -81,7 +84,7 @@ CASES = load_cases()
 
 @pytest.fixture(scope="module")
 def demo(tmp_path_factory):
-    server = start_postgres(tmp_path_factory.mktemp("governance-pg"), CORPUS_PG_PORT)
+    server = start_postgres(tmp_path_factory.mktemp("governance-pg"), port_for("corpus_pg"))
     try:
         server.ensure_database("demo")
         url = server.url("demo")

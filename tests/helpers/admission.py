@@ -57,7 +57,7 @@ def hammer(admissions, key, threads_each: int, seconds: float, stop_when=None):
             else:
                 mine.append((before, time.monotonic()))
                 refused_since = None
-            time.sleep(0.0002)
+            time.sleep(0.0002)      # the callers' pace
         with lock:
             admitted.extend(mine)
             for code, n in codes.items():
@@ -67,7 +67,7 @@ def hammer(admissions, key, threads_each: int, seconds: float, stop_when=None):
     for t in threads:
         t.start()
     if stop_when is None:
-        time.sleep(seconds)
+        time.sleep(seconds)      # the callers call for ``seconds``: the window measured
         stop.set()
     for t in threads:
         t.join(seconds + 30)

@@ -120,7 +120,6 @@ def failover_under_load(masters: dict[str, Master], admin: Api, redis_client: Ca
     try:
         for load in loads.values():
             load.start()
-        time.sleep(1.0)
         until_each_made(loads.values(), 25)
         failed = time.monotonic()
         fail()
@@ -128,12 +127,10 @@ def failover_under_load(masters: dict[str, Master], admin: Api, redis_client: Ca
         at_promotion = time.monotonic()
         since = wait_until(lambda: _redis_ms_or_none(client), 10, 0.02, "Redis time on the new master")
         shared_look, shared, missing = _until_shared(redis_client, list(masters.values()), bucket, since, 20)
-        time.sleep(0.5)
         until_each_made(loads.values(), 12, since=shared)
         changed = time.monotonic()
         admin.ok("POST", f"/queries/{query}/publish", {"version": 2})
         returned = time.monotonic()
-        time.sleep(0.8)
         until_each_made(loads.values(), 12, since=returned)
         # A stream opened now carries the key's runs: the event stream works on the new master.
         after = EventStream(Connection(masters["open"].base))

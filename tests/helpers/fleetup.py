@@ -10,30 +10,12 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from .ports import free_ports
 from .procs import running, wait_gone
-from .util import ROOT, claim_ports, wait_until
+from .util import ROOT, wait_until
 
 LEASE_MS = 100
 WORKERS = 4
-
-
-def three_free_ports() -> int:
-    """A port p with p, p+1 and p+2 free (nginx on p, the instances on p+1 and p+2)."""
-    for _ in range(50):
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            base = sock.getsockname()[1]
-        if base > 65000:
-            continue
-        try:
-            for port in (base, base + 1, base + 2):
-                with socket.socket() as probe:
-                    probe.bind(("127.0.0.1", port))
-        except OSError:
-            continue
-        if claim_ports(base, base + 1, base + 2):
-            return base
-    raise RuntimeError("no three consecutive free ports")
 
 
 def fleet_command() -> list[str]:
@@ -44,7 +26,7 @@ def fleet_command() -> list[str]:
 class Fleet:
     def __init__(self, services, home: Path):
         self.home = home
-        self.port = three_free_ports()
+        self.port = free_ports(3, consecutive=True)[0]   # nginx on p, the instances on p+1 and p+2
         self.base = f"http://127.0.0.1:{self.port}"
         self.instances = [f"http://127.0.0.1:{self.port + 1}", f"http://127.0.0.1:{self.port + 2}"]
         self.env = services.env(home, bind=f"127.0.0.1:{self.port}", workers=WORKERS, cpus="auto",

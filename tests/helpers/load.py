@@ -118,7 +118,7 @@ class Load:
                 elif ended - refused_since > self.until_refused[1]:
                     break
             if self.pause_s:
-                time.sleep(self.pause_s)
+                time.sleep(self.pause_s)      # paced clients
         session.close()
 
 
@@ -179,11 +179,14 @@ class Callers:
     def answers(self) -> list[Answer]:
         return [a for out in self._answers for a in list(out)]
 
-    def wait_for(self, count: int, timeout_s: float = 30) -> None:
-        deadline = time.monotonic() + timeout_s
-        while len(self.answers) < count:
-            assert time.monotonic() < deadline, f"only {len(self.answers)} of {count} calls answered"
-            time.sleep(0.05)
+    def count(self, status: int | None = None) -> int:
+        """Answers so far (``status``: of that status only; 0 is a connection error)."""
+        return sum(1 for a in self.answers if status is None or a.status == status)
+
+    def wait_for(self, count: int, timeout_s: float = 30, status: int | None = None) -> None:
+        """Until ``count`` answers (of ``status``, if given) were recorded."""
+        wait_until(lambda: self.count(status) >= count, timeout_s, 0.05,
+                   lambda: f"{count} answers{'' if status is None else f' of status {status}'}: {self.count(status)}")
 
     def _run(self, index: int) -> None:
         out = self._answers[index]
@@ -197,7 +200,7 @@ class Callers:
                 session.close()
                 session = requests.Session()
             if self.pause_s:
-                time.sleep(self.pause_s)
+                time.sleep(self.pause_s)      # paced clients
         session.close()
 
 

@@ -14,8 +14,9 @@ from pathlib import Path
 import redis
 import requests
 
+from helpers.ports import free_port
 from helpers.procs import child_pids
-from helpers.util import ROOT, free_port
+from helpers.util import ROOT
 
 HOSTNAME = socket.gethostname()
 ALIVE = "gw:{fleet}:alive"     # the bus's heartbeats: {"host:pid": expiry}

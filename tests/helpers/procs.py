@@ -43,6 +43,13 @@ def running(pid: int) -> bool:
         return False
 
 
+def ran_for(pid: int) -> float:
+    """Seconds since ``pid`` started."""
+    start_ticks = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
+    uptime = float(Path("/proc/uptime").read_text().split()[0])
+    return uptime - start_ticks / os.sysconf("SC_CLK_TCK")
+
+
 def wait_gone(pid: int, timeout_s: float) -> bool:
     deadline = time.monotonic() + timeout_s
     while running(pid):

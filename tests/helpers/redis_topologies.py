@@ -2,10 +2,10 @@
 Sentinel group (a master, a replica, three sentinels), every server a child process of the
 test (its own process session), bound to 127.0.0.1, password-protected, no persistence.
 
-Ports: 64100-64199 (``GATEWAY_TEST_TOPOLOGY_PORT`` moves the base, for two suites on one
-machine). A cluster at ``base`` uses ``base``..``base+5`` and its cluster bus ``base+50``..
-(the default bus port, port + 10000, is past 65535 here); a sentinel group uses
-``base``..``base+4``.
+Ports: free ones (``helpers.ports``), each node's cluster bus port too (named in its
+configuration: the default, port + 10000, could be anything). ``GATEWAY_TEST_TOPOLOGY_PORT``
+fixes a base instead, for a serial run: a cluster then uses ``base``..``base+5`` and its bus
+``base+50``..; a sentinel group ``base+10``..``base+14``.
 
 Both are configured to fail over fast (a node is down after 1 s), so a test measures the
 fleet, not Redis's patience: the cluster with ``cluster-require-full-coverage no`` (the
@@ -28,10 +28,10 @@ from redis.cluster import RedisCluster, key_slot
 from redis.sentinel import Sentinel
 
 from fleet.ops.local import find_redis_server
+from helpers.ports import free_ports
 from helpers.procs import wait_gone
-from helpers.services import env_port
+from helpers.services import fixed_port
 
-TOPOLOGY_PORT = env_port("GATEWAY_TEST_TOPOLOGY_PORT", default=64100)
 CLUSTER_BUS_OFFSET = 50
 NODE_TIMEOUT_MS = 1000
 
@@ -145,15 +145,17 @@ class Cluster:
     """Three masters and three replicas (``redis-cli --cluster create --cluster-replicas 1``);
     ``url``: ``redis+cluster://`` with every master as a seed."""
 
-    def __init__(self, home: Path, base_port: int = TOPOLOGY_PORT):
+    def __init__(self, home: Path, base_port: int | None = None):
+        base_port = base_port or fixed_port("topology")
+        ports, buses = ([base_port + i for i in range(6)], [base_port + i + CLUSTER_BUS_OFFSET for i in range(6)]) \
+            if base_port else (free_ports(6), free_ports(6))
         self.password = uuid.uuid4().hex
         lines = ["cluster-enabled yes", f"cluster-node-timeout {NODE_TIMEOUT_MS}",
                  "cluster-require-full-coverage no", "cluster-replica-validity-factor 0",
                  "cluster-allow-replica-migration no"]
-        self.nodes = [RedisNode(home, base_port + i, self.password,
-                                lines + [f"cluster-port {base_port + i + CLUSTER_BUS_OFFSET}",
-                                         f'cluster-config-file "nodes-{base_port + i}.conf"'])
-                      for i in range(6)]
+        self.nodes = [RedisNode(home, port, self.password,
+                                lines + [f"cluster-port {bus}", f'cluster-config-file "nodes-{port}.conf"'])
+                      for port, bus in zip(ports, buses, strict=True)]
 
     @property
     def url(self) -> str:
@@ -263,16 +265,19 @@ class SentinelGroup:
 
     NAME = "gw"
 
-    def __init__(self, home: Path, base_port: int = TOPOLOGY_PORT + 10):
+    def __init__(self, home: Path, base_port: int | None = None):
+        fixed = fixed_port("topology")
+        base_port = base_port or (fixed + 10 if fixed else None)
+        ports = [base_port + i for i in range(5)] if base_port else free_ports(5)
         self.password = uuid.uuid4().hex
-        self.master = RedisNode(home, base_port, self.password, [])
-        self.replica = RedisNode(home, base_port + 1, self.password, [f"replicaof 127.0.0.1 {base_port}"])
-        self.sentinels = [RedisNode(home, base_port + 2 + i, self.password, [
-            f"sentinel monitor {self.NAME} 127.0.0.1 {base_port} 2",
+        self.master = RedisNode(home, ports[0], self.password, [])
+        self.replica = RedisNode(home, ports[1], self.password, [f"replicaof 127.0.0.1 {ports[0]}"])
+        self.sentinels = [RedisNode(home, port, self.password, [
+            f"sentinel monitor {self.NAME} 127.0.0.1 {ports[0]} 2",
             f"sentinel auth-pass {self.NAME} {self.password}",
             f"sentinel down-after-milliseconds {self.NAME} {NODE_TIMEOUT_MS}",
             f"sentinel failover-timeout {self.NAME} 5000",
-            f"sentinel parallel-syncs {self.NAME} 1"], sentinel=True) for i in range(3)]
+            f"sentinel parallel-syncs {self.NAME} 1"], sentinel=True) for port in ports[2:]]
 
     @property
     def url(self) -> str:

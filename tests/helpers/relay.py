@@ -8,7 +8,7 @@ import socket
 import threading
 import time
 
-from helpers.util import free_port
+from helpers.ports import free_port
 
 
 class DelayingRelay:
@@ -59,7 +59,7 @@ class DelayingRelay:
                 delay = self.reply_delay_s if replies else 0.0
                 if delay:
                     self.held += 1
-                    time.sleep(delay)
+                    time.sleep(delay)      # the slow Redis this relay stands for
                 sink.sendall(data)
         except OSError:
             pass

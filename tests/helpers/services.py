@@ -7,8 +7,9 @@ session's pair with it (every test that only uses the servers shares it), and th
 server (fault tests). ``start_postgres`` / ``start_redis`` start one server alone (the
 embedded-default tests, the hostile-input corpus).
 
-The ports are fixed, overridable from the environment (two suites at once on one machine):
-see the top of ``conftest.py``.
+Each server gets a free port (``helpers.ports``: below the ephemeral range, locked across
+processes), so pytest-xdist's workers and other checkouts' suites start theirs side by side;
+``FIXED_PORTS`` names the environment variables that fix one for a serial run.
 """
 from __future__ import annotations
 
@@ -23,36 +24,56 @@ import redis
 
 from fleet.ops.local import LocalPostgres, LocalRedis
 from fleet.ops.local.demo import create_demo_data
+from helpers.ports import free_port
 from helpers.util import ADMIN_KEY, METRICS_TOKEN, PASSWORD_ENV, SECRET_KEY
 
+# The environment variables that fix a server's port instead of a free one (the first set wins),
+# for a serial run that must use known ports (a firewall, a server watched from outside). Under
+# pytest-xdist several workers would start one server each on the same port: the session refuses
+# to start then (``conftest.py``), and ``GATEWAY_TEST_PORTS`` (a range) is the way to keep two
+# suites apart.
+FIXED_PORTS = {
+    "pg": ("GATEWAY_TEST_PG_PORT",),                   # the session's pair
+    "redis": ("GATEWAY_TEST_REDIS_PORT",),
+    "private_pg": ("GATEWAY_TEST_PRIVATE_PG_PORT", "GATEWAY_TEST_FLEET_PG_PORT"),
+    "private_redis": ("GATEWAY_TEST_PRIVATE_REDIS_PORT", "GATEWAY_TEST_FLEET_REDIS_PORT"),
+    "corpus_pg": ("GATEWAY_TEST_CORPUS_PG_PORT",),
+    "local_pg": ("GATEWAY_TEST_LOCAL_PG_PORT",),
+    "local_redis": ("GATEWAY_TEST_LOCAL_REDIS_PORT",),
+    "offline_pg": ("GATEWAY_TEST_OFFLINE_PG_PORT",),
+    "offline_redis": ("GATEWAY_TEST_OFFLINE_REDIS_PORT",),
+    "topology": ("GATEWAY_TEST_TOPOLOGY_PORT",),      # a base: helpers/redis_topologies.py
+}
 
-def env_port(*names: str, default: int) -> int:
-    """The first of the environment variables ``names`` that is set, else ``default``."""
-    for name in names:
+
+def fixed_port(role: str) -> int | None:
+    """The port the environment fixes for ``role`` (a key of ``FIXED_PORTS``), if any."""
+    for name in FIXED_PORTS[role]:
         if os.environ.get(name):
             return int(os.environ[name])
-    return default
+    return None
 
 
-PG_PORT = env_port("GATEWAY_TEST_PG_PORT", default=25439)          # the session's pair
-REDIS_PORT = env_port("GATEWAY_TEST_REDIS_PORT", default=63839)
-PRIVATE_PG_PORT = env_port("GATEWAY_TEST_PRIVATE_PG_PORT", "GATEWAY_TEST_FLEET_PG_PORT", default=25459)
-PRIVATE_REDIS_PORT = env_port("GATEWAY_TEST_PRIVATE_REDIS_PORT", "GATEWAY_TEST_FLEET_REDIS_PORT", default=63859)
-CORPUS_PG_PORT = env_port("GATEWAY_TEST_CORPUS_PG_PORT", default=25469)
-LOCAL_PG_PORT = env_port("GATEWAY_TEST_LOCAL_PG_PORT", default=25419)
-LOCAL_REDIS_PORT = env_port("GATEWAY_TEST_LOCAL_REDIS_PORT", default=63819)
+def fixed_port_variables() -> list[str]:
+    return [name for names in FIXED_PORTS.values() for name in names if os.environ.get(name)]
 
 
-def start_postgres(home: Path | str, port: int) -> LocalPostgres:
-    """A running local PostgreSQL under ``home`` on 127.0.0.1:``port`` (``.url(db)``)."""
-    server = LocalPostgres(home, port)
+def port_for(role: str) -> int:
+    """``role``'s port: the one the environment fixes, else a free one (``helpers.ports``)."""
+    fixed = fixed_port(role)
+    return free_port() if fixed is None else fixed
+
+
+def start_postgres(home: Path | str, port: int | None = None) -> LocalPostgres:
+    """A running local PostgreSQL under ``home`` on 127.0.0.1:``port`` (default: a free one; ``.url(db)``)."""
+    server = LocalPostgres(home, free_port() if port is None else port)
     server.start()
     return server
 
 
-def start_redis(home: Path | str, port: int) -> LocalRedis:
-    """A running password-protected Redis under ``home`` on 127.0.0.1:``port`` (``.url()``)."""
-    server = LocalRedis(home, port)
+def start_redis(home: Path | str, port: int | None = None) -> LocalRedis:
+    """A running password-protected Redis under ``home`` on 127.0.0.1:``port`` (default: a free one; ``.url()``)."""
+    server = LocalRedis(home, free_port() if port is None else port)
     server.start()
     return server
 
@@ -105,7 +126,8 @@ class Services:
         self.pg.stop()
 
 
-def start_services(home: Path, pg_port: int, redis_port: int, demo: bool = False) -> Services:
+def start_services(home: Path, pg_port: int | None = None, redis_port: int | None = None,
+                   demo: bool = False) -> Services:
     """A running PostgreSQL + Redis pair under ``home``, the store's database made; with
     ``demo`` the ``demo`` database and its tables too (connections read it), else
     connections read ``postgres``."""
@@ -135,7 +157,7 @@ def stalled(services: Services, seconds: float) -> threading.Thread:
     os.kill(pid, signal.SIGSTOP)
 
     def resume():
-        time.sleep(seconds)
+        time.sleep(seconds)      # the stall the caller asked for
         os.kill(pid, signal.SIGCONT)
     thread = threading.Thread(target=resume)
     thread.start()

@@ -17,7 +17,8 @@ from gateway.http.management import ROUTES
 from gateway.ports import LocalSync
 from helpers import raw
 from helpers.api import Reply
-from helpers.util import ADMIN_KEY, ROOT, free_port, unique
+from helpers.ports import free_port
+from helpers.util import ADMIN_KEY, ROOT, unique, wait_until
 
 # A 500 is a bug: no request is supposed to be able to cause one.
 NOT_PRODUCIBLE = {"internal_error"}
@@ -101,17 +102,24 @@ def _pool_exhausted(ctx):
         pool.release(session)
 
 
+def _sleeping_in_the_database(ctx) -> None:
+    """Until a call's ``pg_sleep`` runs in the demo database."""
+    wait_until(lambda: ctx.superuser("SELECT 1 FROM pg_stat_activity WHERE wait_event = 'PgSleep'", db="demo"),
+               10, 0.01, "the holder's statement running")
+
+
 def _connection_busy(ctx):
     """2 threads: 1 place on the connection, held by a call that does not come back (pg_sleep);
-    nothing moves on it for longer than GATEWAY_CONNECTION_STALL_MS."""
+    nothing moves on it for longer than GATEWAY_CONNECTION_STALL_MS (200 ms here)."""
     ep = ctx.endpoint("SELECT pg_sleep(:s) AS slept", {"s": {"type": "float", "default": 0}})
-    app = ctx.make_app(sync=LocalSync(), threads=2)
+    app = ctx.make_app(sync=LocalSync(), threads=2, connection_stall_ms=200)
     client = falcon.testing.TestClient(app)
     headers = {"X-API-Key": ep.secret}
     holder = threading.Thread(target=client.simulate_get, args=(f"/q/{ep.query}",),
                               kwargs={"params": {"s": "1.5"}, "headers": headers})
     holder.start()
-    time.sleep(0.7)   # past GATEWAY_CONNECTION_STALL_MS (500 ms)
+    _sleeping_in_the_database(ctx)
+    time.sleep(0.3)   # a sleep that is the test: past GATEWAY_CONNECTION_STALL_MS, nothing having moved
     try:
         return client.simulate_get(f"/q/{ep.query}", headers=headers)
     finally:
@@ -130,7 +138,7 @@ def _too_many_concurrent(ctx):
     secret = ctx.api.key([ep.query], [ep.connection], max_concurrent=1)
     holder = threading.Thread(target=ctx.api.call, args=(ep.query, secret), kwargs={"params": {"s": "1"}})
     holder.start()
-    time.sleep(0.3)
+    _sleeping_in_the_database(ctx)    # the holder has its place
     try:
         return ctx.api.call(ep.query, secret)
     finally:
@@ -586,7 +594,8 @@ def _route_calls():
 
 
 @pytest.mark.parametrize("method, path", list(_route_calls()))
-@pytest.mark.parametrize("given", [None, "", "wrong", ADMIN_KEY + "x", ADMIN_KEY[:-1]])
+@pytest.mark.parametrize("given", [None, "", "wrong", ADMIN_KEY + "x", ADMIN_KEY[:-1]],
+                         ids=["none", "empty", "wrong", "admin-and-more", "admin-cut-short"])
 def test_management_needs_the_admin_key(api, method, path, given):
     headers = {"Content-Type": "application/json"}
     if given is not None:

@@ -1,7 +1,7 @@
 """/health (liveness, no I/O) and /ready (store and Redis reachable)."""
 from __future__ import annotations
 
-from helpers.util import free_port
+from helpers.ports import free_port
 
 
 def test_health(api):

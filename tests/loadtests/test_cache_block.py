@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from helpers.util import free_port
+from helpers.ports import free_port
 from loadtests import targets
 from loadtests.blocks.cache import invalidation, render
 from loadtests.targets import Target
@@ -24,6 +24,7 @@ def caller(tmp_path):
         targets.stop_process(process)
 
 
+@pytest.mark.integration     # a redis-server of its own (``caller``)
 def test_pending_workers_are_waited_for_and_timed(caller):
     r = caller.redis
     now_ms = int(time.time() * 1000)

@@ -97,6 +97,7 @@ def free_base() -> int:
 
 
 @pytest.mark.slow
+@pytest.mark.fleet     # `fleet up --instances 2` with nginx, through loadtests.bench
 def test_the_block_runs_one_fault_and_reports_it(tmp_path):
     out = tmp_path / 'results'
     run = subprocess.run([sys.executable, '-m', 'loadtests.bench', 'faults', '--allow-dirty', '--faults', 'worker-kill',

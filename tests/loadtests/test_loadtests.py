@@ -16,7 +16,8 @@ import sys
 import pytest
 
 from helpers.imports import arrows, cycles, import_graph
-from helpers.util import ADMIN_KEY, ROOT, free_port, unique
+from helpers.ports import free_port
+from helpers.util import ADMIN_KEY, ROOT, unique
 from loadtests import report
 from loadtests.scenarios import provision
 
@@ -204,12 +205,13 @@ def test_wrk_checks_every_body_it_is_answered(lie, found):
 # --- the offline bundle: a machine without PostgreSQL, Redis or wrk ----------------------------
 
 @pytest.mark.slow
+@pytest.mark.integration     # its own redis-server and PostgreSQL
 def test_offline_bundle_runs_its_own_servers(tmp_path):
     """The carried PostgreSQL, redis-server and wrk start from the bundle alone: the system's are
     off PATH, each carried binary finds every library it loads inside the bundle (the C library
     aside), and PostgreSQL finds its share/ and lib/ relative to where it was unpacked."""
     from fleet.ops.local import LocalPostgres
-    from helpers.services import env_port
+    from helpers.services import port_for
     from helpers.util import wait_until
     out = tmp_path / "offline"
     packed = subprocess.run([sys.executable, "-m", "loadtests.offline", "pack", "--no-wheels", "--no-compress",
@@ -234,7 +236,7 @@ def test_offline_bundle_runs_its_own_servers(tmp_path):
     version = subprocess.run(["wrk", "--version"], capture_output=True, text=True, env={"PATH": path})
     assert "wrk" in version.stdout + version.stderr
     assert shutil.which("redis-server", path=path) == str(moved / "bin" / "redis-server")
-    redis_port = env_port("GATEWAY_TEST_OFFLINE_REDIS_PORT", default=63849)
+    redis_port = port_for("offline_redis")
     redis = subprocess.Popen(["redis-server", "--port", str(redis_port), "--bind", "127.0.0.1", "--save", ""],
                              env={"PATH": path}, stdout=subprocess.DEVNULL)
     try:
@@ -253,7 +255,7 @@ def test_offline_bundle_runs_its_own_servers(tmp_path):
         redis.wait(10)
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("PATH", path)
-        pg = LocalPostgres(tmp_path / "pg-home", env_port("GATEWAY_TEST_OFFLINE_PG_PORT", default=25449))
+        pg = LocalPostgres(tmp_path / "pg-home", port_for("offline_pg"))
         assert str(pg.bindir).startswith(str(moved))
         pg.start()
         try:

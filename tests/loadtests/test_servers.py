@@ -104,7 +104,7 @@ def test_the_holder_holds_partial_heads_until_released(listener, fate):
         deadline = time.monotonic() + 5
         while len(listener.received) < 40 and time.monotonic() < deadline:
             time.sleep(0.02)
-        time.sleep(0.1)      # the "close" server's closes reach the holder
+        time.sleep(0.1)      # the "close" server's closes reach the holder (its FINs: nothing to wait on from here)
     assert listener.received == [slowclients.PARTIAL_HEAD] * 40     # a head begun, never ended
     assert holder.released[fate] == 40
     assert sum(holder.released[k] for k in ("open", "closed", "answered", "reset")) == 40

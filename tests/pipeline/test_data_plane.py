@@ -11,7 +11,8 @@ import pytest
 from gateway.ports import LocalSync
 from gateway.store.history import AdmittedUsage
 from helpers.history import wait_for_history
-from helpers.util import free_port, unique
+from helpers.ports import free_port
+from helpers.util import unique, wait_until
 
 SERIES = "SELECT g AS n FROM generate_series(1, :total) AS g ORDER BY g"
 SERIES_PARAMS = {"total": {"type": "int", "default": 25}}
@@ -275,7 +276,7 @@ def test_a_refused_login_says_why_in_the_log_only(api, caplog):
         assert any(f'database "{database}" does not exist' in m for m in logged), logged
 
 
-def test_a_pool_of_one_is_a_bulkhead_of_one(make_app, endpoint):
+def test_a_pool_of_one_is_a_bulkhead_of_one(make_app, endpoint, superuser):
     """A connection's bulkhead has no more places than its pool has sessions: a second call
     while the one session is busy is refused by the bulkhead (``connection_busy``), never left
     waiting for a session (``pool_exhausted``, before the bulkhead)."""
@@ -289,7 +290,8 @@ def test_a_pool_of_one_is_a_bulkhead_of_one(make_app, endpoint):
     thread = threading.Thread(target=lambda: slow.update(
         r=client.simulate_get(f"/q/{ep.query}", params={"seconds": "1"}, headers=headers)))
     thread.start()
-    time.sleep(0.3)
+    wait_until(lambda: superuser("SELECT 1 FROM pg_stat_activity WHERE wait_event = 'PgSleep'", db="demo"), 10, 0.01,
+               "the slow call holding the one session")
     busy = client.simulate_get(f"/q/{ep.query}", params={"seconds": "0"}, headers=headers)
     thread.join()
     assert busy.status_code == 503 and busy.json["code"] == "connection_busy", busy.text

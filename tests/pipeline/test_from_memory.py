@@ -149,7 +149,7 @@ def test_no_once_the_key_expired(app, client, endpoint, api):
     api.ok("PATCH", f"/api-keys/{ep.key}", {"expires_at": at.isoformat()})
     assert _call(client, target, ep.secret).headers["X-Cache"] == "hit"   # learned under the new catalog
     assert _again(app, target, ep.secret) is not None
-    time.sleep(max(0.0, at.timestamp() - time.time()) + 0.2)
+    time.sleep(max(0.0, at.timestamp() - time.time()) + 0.2)     # a sleep that is the test: the key expires
     assert _again(app, target, ep.secret) is None
     refused = _call(client, target, ep.secret)
     assert refused.status_code == 401 and refused.json["code"] == "key_expired"

@@ -18,7 +18,6 @@ from hypothesis import strategies as st
 from gateway.errors import GatewayError
 from gateway.execution.pool import session_options
 from gateway.sql import Template, paged, read
-from helpers.services import PG_PORT
 from helpers.util import unique
 
 MARKER = "gw-secret-marker"
@@ -106,7 +105,7 @@ def test_sessions_pin_standard_conforming_strings(services, superuser):
     database = unique("nonstd").lower()
     superuser(f"CREATE DATABASE {database}", db="postgres")
     superuser(f"ALTER DATABASE {database} SET standard_conforming_strings = off", db="postgres")
-    conn = psycopg2.connect(host="127.0.0.1", port=PG_PORT, dbname=database, user="postgres",
+    conn = psycopg2.connect(host="127.0.0.1", port=services.pg.port, dbname=database, user="postgres",
                             password=services.pg.password(), options=session_options(5000, True))
     try:
         conn.autocommit = True
@@ -158,7 +157,7 @@ def _construct(draw) -> tuple[str, str]:
 
 
 def _connect(services, database: str, options: str | None):
-    conn = psycopg2.connect(host="127.0.0.1", port=PG_PORT, dbname=database, user="postgres",
+    conn = psycopg2.connect(host="127.0.0.1", port=services.pg.port, dbname=database, user="postgres",
                             password=services.pg.password(), options=options)
     conn.autocommit = True
     return conn
