@@ -67,8 +67,15 @@ def _temp_root_of_this_checkout(config) -> None:
     os.environ["PYTEST_DEBUG_TEMPROOT"] = str(root)
 
 
+def pytest_addoption(parser):
+    parser.addoption("--store-durations", action="store_true",
+                     help="write each file's seconds to tests/durations.json (the order of later xdist runs)")
+
+
 def pytest_configure(config):
     _temp_root_of_this_checkout(config)
+    if config.getoption("store_durations") and not hasattr(config, "workerinput"):
+        config.pluginmanager.register(tiers.DurationTable(), "gateway-durations")
     fixed = fixed_port_variables()
     if fixed and tiers.xdist_workers(config) > 1:
         raise pytest.UsageError(f"{', '.join(fixed)} fix(es) a server's port, which several xdist workers "

@@ -220,6 +220,7 @@ def _latency_ms(calls, start: float, end: float) -> dict:
             "max": round(took[-1], 1)}
 
 
+@pytest.mark.slow
 def test_reload_recycling_kill_and_stop_under_load_fail_no_request(services, tmp_path_factory, superuser):
     """One master, 2 balanced workers recycling every RECYCLE_AFTER requests, 32 keep-alive
     clients and 2 opening a connection a call, every answer and body checked, through: a SIGHUP
@@ -350,6 +351,7 @@ def test_reload_recycling_kill_and_stop_under_load_fail_no_request(services, tmp
     assert not bad_after, f"{len(bad_after)} calls failed other than refused after the stop: {bad_after[:5]}"
 
 
+@pytest.mark.slow
 def test_one_socket_per_worker_reload_and_recycling_fail_no_request(services, tmp_path_factory):
     """Issue 12, item 5, with one listening socket per worker (``GATEWAY_REUSE_PORT=on``): the
     kernel spreads new connections over the workers' sockets by a hash, so a worker that leaves

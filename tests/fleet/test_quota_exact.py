@@ -48,14 +48,18 @@ from fleet.shared.leases import LeasedAdmission
 from gateway.errors import GatewayError
 from gateway.model.limits import Quota, quota_window
 from gateway.settings import Settings
+from helpers import tiers
 from helpers.admission import FakeClock
 from helpers.api import Api
 from helpers.masters import Master
 from helpers.relay import DelayingRelay
 from helpers.util import wait_until
 
-TIMEOUT_MS = 100           # the direct tests' GATEWAY_REDIS_TIMEOUT_MS
-LATE_S = 0.3               # a held reply arrives this long after its command ran: past the timeout
+# The direct tests' GATEWAY_REDIS_TIMEOUT_MS: the default, so that only the replies the relay holds
+# miss it (at 100 ms an unheld reply on a loaded machine did too: admission_unavailable where
+# the test expected quota_exceeded).
+TIMEOUT_MS = 250
+LATE_S = 0.6               # a held reply arrives this long after its command ran: past the timeout
 DOWN_S = 0.25              # fleet.shared.leases: after a Redis error a worker decides locally this long
 # Refusals a quota may answer with: spent, or (a design that refuses while Redis is away) 503.
 REFUSALS = {"quota_exceeded", "admission_unavailable"}
@@ -210,10 +214,14 @@ TRIAL_CALLS = 50
 TRIAL_S = 0.25             # each trial's hammering: 50 calls are gone within about 0.1 s here
 
 
-@pytest.fixture(scope="module")
-def cpu_hog():
-    """Two busy processes beside the fleet (this machine has 2 cores), ended by their pids."""
-    hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2)]
+@pytest.fixture
+def cpu_hog(request):
+    """Two busy processes beside the fleet (this machine has 2 cores), ended by their pids; for
+    the one test that asks for them. Under pytest-xdist each other worker's tests are busy
+    beside it already: a hog fewer for each (two hogs at full speed for the test's minute and a
+    half starved the other workers' timing tests into failing)."""
+    others = max(0, tiers.xdist_workers(request.config) - 1)
+    hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(max(0, 2 - others))]
     try:
         yield hogs
     finally:

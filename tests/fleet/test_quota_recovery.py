@@ -186,12 +186,12 @@ def test_a_loss_under_load_admits_at_most_the_calls_in_flight(master, admin, con
     finally:
         calls = load.join(60)
 
-    # While Redis is away a worker admits only what its lease holds, then 503 (fleet.shared.quotas):
-    # that refusal, and only while Redis is down or the worker has not yet tried it again.
-    unavailable = [c for c in calls if (c.status, c.code) == (503, "admission_unavailable")]
-    assert all(killed - MARGIN_S <= c.ended <= up + FALLBACK_S + MARGIN_S for c in unavailable), \
-        [(c.ended - killed) for c in unavailable]
-    assert set(statuses(calls)) <= TYPED | {(503, "admission_unavailable")}, statuses(calls)
+    # While Redis is away a worker admits what it had leased, then answers 503 (fleet.shared.leases: a
+    # quota is never exceeded): only in that stretch, when the restart outlasts the leases (a
+    # loaded machine's restart took long enough).
+    away = [c for c in calls if c.status == 503 and c.code == "admission_unavailable"
+            and c.ended >= killed and c.started <= up + FALLBACK_S + MARGIN_S]
+    assert set(statuses([c for c in calls if c not in away])) <= TYPED, statuses(calls)
     assert statuses(calls).get((429, "quota_exceeded")), statuses(calls)
     admitted = len(ok(calls))
     in_flight = in_flight_bound(calls, killed, up)

@@ -19,6 +19,7 @@ A test's tier, the first rule that applies:
 """
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import types
@@ -95,19 +96,54 @@ def refuse_servers() -> None:
     subprocess.Popen.__init__ = _guarded_init    # type: ignore[method-assign]
 
 
-def heaviest_first(items: list[pytest.Item]) -> None:
-    """Files of the fleet tier first, then integration, then unit, each file's tests together
-    in their own order: pytest-xdist hands files out in this order (``--no-loadscope-reorder``),
-    so the long files start at once and the short ones fill the gaps at the end."""
-    rank = {tier: i for i, tier in enumerate(reversed(TIERS))}
-    first_seen: dict[str, int] = {}
-    heaviest: dict[str, int] = {}
-    for index, item in enumerate(items):
+DURATIONS = Path(__file__).resolve().parents[1] / "durations.json"   # {file: seconds}, `--store-durations`
+GUESS_S = {"unit": 1.0, "integration": 5.0, "fleet": 20.0}          # a file the table does not know
+
+
+def file_seconds(items: list[pytest.Item]) -> dict[str, float]:
+    """What each file of ``items`` took when the table was last stored, or a guess by tier."""
+    try:
+        known = json.loads(DURATIONS.read_text())
+    except (OSError, ValueError):
+        known = {}
+    guess: dict[str, float] = {}
+    for item in items:
         path = item.nodeid.split("::", 1)[0]
-        first_seen.setdefault(path, index)
-        slow = 0 if item.get_closest_marker("slow") else 1
-        heaviest[path] = min(heaviest.get(path, 99), rank[tier_of(item)] * 2 + slow)
-    items.sort(key=lambda it: (heaviest[it.nodeid.split("::", 1)[0]], first_seen[it.nodeid.split("::", 1)[0]]))
+        guess[path] = max(guess.get(path, 0.0), GUESS_S[tier_of(item)])
+    return {path: float(known.get(path, seconds)) for path, seconds in guess.items()}
+
+
+def heaviest_first(items: list[pytest.Item]) -> None:
+    """The order pytest-xdist hands files out in (``--no-loadscope-reorder``), each file's tests
+    together in their own order: the longest first (``durations.json``), so that none starts
+    last, and the fleet tier's files alternating with the others', so that about half the
+    workers run several gateway processes at a time (four workers of fleet files at once on 2
+    cores starved their timing tests into failing); the short files fill the gaps at the end."""
+    seconds = file_seconds(items)
+    fleet_files = {it.nodeid.split("::", 1)[0] for it in items if tier_of(it) == "fleet"}
+    longest = sorted(seconds, key=lambda p: -seconds[p])
+    fleet = [p for p in longest if p in fleet_files]
+    rest = [p for p in longest if p not in fleet_files]
+    merged = [p for pair in zip(fleet, rest) for p in pair]
+    merged += fleet[len(rest):] + rest[len(fleet):]
+    position = {p: i for i, p in enumerate(merged)}
+    items.sort(key=lambda it: position[it.nodeid.split("::", 1)[0]])
+
+
+class DurationTable:
+    """``--store-durations``: each file's seconds (setup, call and teardown of its tests) in this
+    run, written to ``durations.json`` at the end, for the next runs' order."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        path = report.nodeid.split("::", 1)[0]
+        self.seconds[path] = self.seconds.get(path, 0.0) + report.duration
+
+    def pytest_sessionfinish(self) -> None:
+        table = {path: round(s, 1) for path, s in sorted(self.seconds.items())}
+        DURATIONS.write_text(json.dumps(table, indent=0) + "\n")
 
 
 def xdist_workers(config: pytest.Config) -> int:

@@ -67,6 +67,7 @@ def test_locust_headless_against_the_fleet(gunicorn, demo_connection, api, tmp_p
     assert int(total["Failure Count"]) == 0, total
 
 
+@pytest.mark.fleet     # the harness starts its targets: a 4-worker gateway, its own Redis
 def test_harness_smoke_block(settings, services, tmp_path):
     out = tmp_path / "results"
     run = subprocess.run([sys.executable, "-m", "loadtests.bench", "--allow-dirty", "--block", "oltp",
@@ -86,6 +87,8 @@ def test_harness_smoke_block(settings, services, tmp_path):
     assert (block / "results.md").exists()
 
 
+@pytest.mark.slow
+@pytest.mark.fleet     # the harness starts its targets: 4-worker gateways, the peer, Redis
 def test_cache_block_smoke(settings, services, tmp_path):
     """`python -m loadtests.bench cache` end to end, short: every cell ran once with every body right, the
     purges and writes on the 4-worker server were timed and checked, the balances written were put back, and the
