@@ -97,7 +97,7 @@ def _servers(meta: dict) -> list[str]:
         out[-1] += (' In `current-h1c` the C parser reads only the heads that go to a thread: LeanRequest.parse '
                     'defers to it (`self._use_fast and not self.plain_only`), while the heads read on the worker\'s '
                     'loop (`LeanParser.read_ready`, a kept-alive connection whose whole head came in one read) stay '
-                    'on fleet/server/lean_request.py\'s reader.')
+                    'on fleet/lean_request.py\'s reader.')
     return out + ['']
 
 
@@ -268,9 +268,9 @@ def _fate(released: dict) -> str:
 
 GUARANTEES = """## The fleet's guarantees, server by server (read, not measured)
 
-From fleet/server/worker.py's docstring, fleet/server/gunicorn_conf.py, gunicorn 27's code and granian 2.8.9's (its CLI's `--help`,
+From fleet/worker.py's docstring, fleet/gunicorn_conf.py, gunicorn 27's code and granian 2.8.9's (its CLI's `--help`,
 `granian/server/common.py` and `mp.py`). "gunicorn gthread" is gunicorn's own ThreadWorker under
-fleet/server/gunicorn_conf.py, with or without gunicorn-h1c (the parser changes none of these).
+fleet/gunicorn_conf.py, with or without gunicorn-h1c (the parser changes none of these).
 
 | Guarantee | current worker | gunicorn gthread | granian 2.8.9 |
 |---|---|---|---|
@@ -281,6 +281,6 @@ fleet/server/gunicorn_conf.py, with or without gunicorn-h1c (the parser changes 
 | Workers when the master dies | none left: `PR_SET_PDEATHSIG` sends each SIGTERM; an orphan shuts the socket down, closes its idle keep-alive connections, finishes what it holds and exits | stop: the same PDEATHSIG (a config hook), then gunicorn's graceful stop, without the current worker's socket shutdown and idle-connection close | orphans keep serving: workers are `multiprocessing` processes with no parent-death signal (checked by hand with 2.8.9: the main process SIGKILLed, its worker, now a child of init, still answered /health) |
 | Metrics across workers (prometheus multiprocess) | yes: the config makes `PROMETHEUS_MULTIPROC_DIR` per master and marks a dead worker (`child_exit`) | yes: the same config | not wired: nothing sets `PROMETHEUS_MULTIPROC_DIR` (whoever starts granian must), and no hook marks a dead worker's live gauges; granian's own `--metrics` exporter counts the server, on a port of its own, not the application's metrics |
 | The crash spool (run history) | yes: the spool is the application's (gateway/store/spool.py); a dead worker is respawned and its replacement stores the spool at start; a graceful stop closes the application (`worker_exit`: the history's last batch stored) | yes: the same | partly: the spool works, but a worker that dies stops the whole server unless `--respawn-failed-workers` (off by default; a second death within 5.5 s stops it anyway); no worker-exit hook closes the application at a graceful stop (the spool keeps its runs for the next start), and /ready's drain at a stop (`post_worker_init`) is not wired |
-| Slow clients (measured above) | no thread until the request is whole: the worker's loop reads heads and bodies (fleet/server/front.py); absolute head and body deadlines (`GATEWAY_HEAD_TIMEOUT_S` 10 s, `GATEWAY_BODY_TIMEOUT_S` 30 s, 408), at most `GATEWAY_MAX_READING_PER_CLIENT` (64) being read per address and worker (the rest closed at once: the "closed" above, all these slow clients come from one address), `GATEWAY_MAX_CONNECTIONS` in all with the longest-reading closed to make room | a partial head takes a thread (gthread hands a readable connection to the pool, whose read then blocks), no head deadline | heads are read by its Rust runtime, not by the blocking threads; `--http1-header-read-timeout` (30 s by default) closes a slow head; `--backpressure` (default backlog / workers = 1,024) bounds what a worker takes at once |
+| Slow clients (measured above) | no thread until the request is whole: the worker's loop reads heads and bodies (fleet/front.py); absolute head and body deadlines (`GATEWAY_HEAD_TIMEOUT_S` 10 s, `GATEWAY_BODY_TIMEOUT_S` 30 s, 408), at most `GATEWAY_MAX_READING_PER_CLIENT` (64) being read per address and worker (the rest closed at once: the "closed" above, all these slow clients come from one address), `GATEWAY_MAX_CONNECTIONS` in all with the longest-reading closed to make room | a partial head takes a thread (gthread hands a readable connection to the pool, whose read then blocks), no head deadline | heads are read by its Rust runtime, not by the blocking threads; `--http1-header-read-timeout` (30 s by default) closes a slow head; `--backpressure` (default backlog / workers = 1,024) bounds what a worker takes at once |
 """
 GUARANTEES = GUARANTEES.splitlines() + ['']

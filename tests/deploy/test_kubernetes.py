@@ -44,6 +44,9 @@ from fleet.shared.redis_client import RedisTarget
 from gateway.settings import PREFIX, Settings
 from helpers.util import ROOT
 
+# Starts real servers (redis-server, sentinels) and the fleet CLI: the integration tier.
+pytestmark = pytest.mark.integration
+
 KUBE = ROOT / "deploy" / "kubernetes"
 OVERLAYS = ("redis-single", "redis-sentinel", "redis-cluster", "external", "demo")
 # The external overlay with its optional components switched on (its commented `components:`).

@@ -13,6 +13,9 @@ import pytest
 from gateway.store.schema import MIGRATIONS
 from helpers.util import unique
 
+# Runs the fleet CLI against a real PostgreSQL: the integration tier.
+pytestmark = pytest.mark.integration
+
 
 def fleet_migrate(url: str, *args: str, home: str) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if not k.startswith("GATEWAY_")}

@@ -161,7 +161,7 @@ def _method(settings: dict) -> list[str]:
             '(no coordinated omission)')
     return [f'- The fleet: `fleet up --instances 2` (nginx in front of two gunicorn masters, '
             f'{settings.get("workers", "?")} workers each, pinned with GATEWAY_CPUS=auto; the embedded PostgreSQL and '
-            'Redis of fleet.ops.local) in a home of its own; settings: '
+            'Redis of fleet.local) in a home of its own; settings: '
             + ', '.join(f'{k}={v}' for k, v in sorted((settings.get('fleet') or {}).items()) if k != 'GATEWAY_HOME')
             + '.',
             f'- The load: {settings.get("clients", "?")} keep-alive HTTP/1.1 clients (one asyncio process, '
