@@ -143,7 +143,11 @@ def settings(services, tmp_path_factory) -> Settings:
                     admin_key=ADMIN_KEY, secret_key=SECRET_KEY, metrics_token=METRICS_TOKEN,
                     home=str(tmp_path_factory.mktemp("gw-home")), log_level="warning",
                     # Timeout tests need a slow statement; the deny list refuses pg_sleep by default.
-                    allow_functions="pg_sleep")
+                    allow_functions="pg_sleep",
+                    # A loaded test machine's Redis is slow, not lost: past the default 250 ms an
+                    # in-process app decided locally (a key's 3/minute admitted a 4th call). Tests
+                    # of a lost or stalled Redis stop one of their own or name a closed port.
+                    redis_timeout_ms=1000)
 
 
 @pytest.fixture(scope="session")

@@ -37,7 +37,9 @@ def pair(private_services, tmp_path):
     made = [create_app(Settings(
         database_url=private_services.store_url, redis_url=url, admin_key=ADMIN_KEY, secret_key=SECRET_KEY,
         home=str(tmp_path / name), log_level="error", freshness_lease_ms=6000, bus_ping_ms=500,
-        sync_timeout_ms=1000)) for name, url in (("serving", private_services.redis_url),
+        # The default: a change returns once every worker acknowledged it, or after this. At 1 s a
+        # loaded machine's serving worker acknowledged later than that, and served the key after.
+        sync_timeout_ms=2000)) for name, url in (("serving", private_services.redis_url),
                                                  ("changing", _as_user(private_services.redis_url)))]
     for app in made:
         wait_until(lambda a=app: a.parts.holder.fresh() is not None, 10, what="the catalog bus")
@@ -67,4 +69,4 @@ def test_a_key_revoked_while_redis_refuses_the_publish_is_refused_when_the_call_
     assert serving.parts.holder.fresh() is not None     # the serving worker never stopped trusting its catalog
     after = serving_api.call(query, secret)
     assert after.status == 401, (after, f"the change took {took:.1f} s")
-    assert took < 3.0                                   # published once allowed, not waited out (6.5 s)
+    assert took < 4.0                                   # published once allowed (1 s), not waited out (6.5 s)
