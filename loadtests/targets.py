@@ -250,8 +250,7 @@ def gateway_available(root: Path = REPO) -> str | None:
 
 def gunicorn_conf(root: Path) -> str:
     """The gunicorn configuration of checkout `root`: fleet/server/ since fleet/ was split (issue 27), fleet/ before."""
-    before_the_split = str(Path('fleet', 'gunicorn_conf.py'))
-    return 'fleet/server/gunicorn_conf.py' if (root / 'fleet' / 'server').is_dir() else before_the_split
+    return 'fleet/server/gunicorn_conf.py' if (root / 'fleet' / 'server').is_dir() else 'fleet/gunicorn_conf.py'
 
 
 def wsgi_entry(root: Path) -> str:
